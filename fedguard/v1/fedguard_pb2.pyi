@@ -1,0 +1,322 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    FLOAT32: _ClassVar[DType]
+    FLOAT16: _ClassVar[DType]
+    BFLOAT16: _ClassVar[DType]
+    FLOAT64: _ClassVar[DType]
+    INT64: _ClassVar[DType]
+    INT32: _ClassVar[DType]
+    INT16: _ClassVar[DType]
+    INT8: _ClassVar[DType]
+    UINT8: _ClassVar[DType]
+    BOOL: _ClassVar[DType]
+
+class UpdateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UPDATE_KIND_UNSPECIFIED: _ClassVar[UpdateKind]
+    WEIGHTS: _ClassVar[UpdateKind]
+    DELTA: _ClassVar[UpdateKind]
+DTYPE_UNSPECIFIED: DType
+FLOAT32: DType
+FLOAT16: DType
+BFLOAT16: DType
+FLOAT64: DType
+INT64: DType
+INT32: DType
+INT16: DType
+INT8: DType
+UINT8: DType
+BOOL: DType
+UPDATE_KIND_UNSPECIFIED: UpdateKind
+WEIGHTS: UpdateKind
+DELTA: UpdateKind
+
+class TensorMeta(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "nbytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    nbytes: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("offset", "data")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    data: bytes
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Capabilities(_message.Message):
+    __slots__ = ("num_train_samples", "opt_out", "attacker", "version")
+    NUM_TRAIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    OPT_OUT_FIELD_NUMBER: _ClassVar[int]
+    ATTACKER_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    num_train_samples: int
+    opt_out: bool
+    attacker: bool
+    version: str
+    def __init__(self, num_train_samples: _Optional[int] = ..., opt_out: _Optional[bool] = ..., attacker: _Optional[bool] = ..., version: _Optional[str] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("client_id", "token", "capabilities", "model_fingerprint")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    token: str
+    capabilities: Capabilities
+    model_fingerprint: str
+    def __init__(self, client_id: _Optional[str] = ..., token: _Optional[str] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
+
+class TrainingConfig(_message.Message):
+    __slots__ = ("local_epochs", "batch_size", "learning_rate", "momentum", "weight_decay", "lr_decay", "grad_clip_norm", "prox_mu")
+    LOCAL_EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    LR_DECAY_FIELD_NUMBER: _ClassVar[int]
+    GRAD_CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
+    PROX_MU_FIELD_NUMBER: _ClassVar[int]
+    local_epochs: int
+    batch_size: int
+    learning_rate: float
+    momentum: float
+    weight_decay: float
+    lr_decay: float
+    grad_clip_norm: float
+    prox_mu: float
+    def __init__(self, local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., lr_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ..., prox_mu: _Optional[float] = ...) -> None: ...
+
+class FederationConfig(_message.Message):
+    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode")
+    FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SPEC_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    DATA_OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    NFL_MODE_FIELD_NUMBER: _ClassVar[int]
+    federation_id: str
+    model_name: str
+    model_kwargs_json: str
+    model_fingerprint: str
+    model_spec: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    training: TrainingConfig
+    dataset: str
+    data_options_json: str
+    num_rounds: int
+    seed: int
+    nfl_mode: str
+    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("session_id", "config", "heartbeat_interval_s", "client_index")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    config: FederationConfig
+    heartbeat_interval_s: float
+    client_index: int
+    def __init__(self, session_id: _Optional[str] = ..., config: _Optional[_Union[FederationConfig, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., client_index: _Optional[int] = ...) -> None: ...
+
+class PullTaskRequest(_message.Message):
+    __slots__ = ("session_id", "max_wait_s")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    max_wait_s: float
+    def __init__(self, session_id: _Optional[str] = ..., max_wait_s: _Optional[float] = ...) -> None: ...
+
+class Wait(_message.Message):
+    __slots__ = ("retry_after_s", "finished", "reason")
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    retry_after_s: float
+    finished: bool
+    reason: str
+    def __init__(self, retry_after_s: _Optional[float] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class TaskHeader(_message.Message):
+    __slots__ = ("round", "deadline_s", "tensors", "total_bytes", "recovery", "learning_rate", "evaluate_only")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    EVALUATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    deadline_s: float
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    total_bytes: int
+    recovery: bool
+    learning_rate: float
+    evaluate_only: bool
+    def __init__(self, round: _Optional[int] = ..., deadline_s: _Optional[float] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., recovery: _Optional[bool] = ..., learning_rate: _Optional[float] = ..., evaluate_only: _Optional[bool] = ...) -> None: ...
+
+class TaskMessage(_message.Message):
+    __slots__ = ("wait", "header", "chunk")
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    wait: Wait
+    header: TaskHeader
+    chunk: Chunk
+    def __init__(self, wait: _Optional[_Union[Wait, _Mapping]] = ..., header: _Optional[_Union[TaskHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ...) -> None: ...
+
+class UpdateHeader(_message.Message):
+    __slots__ = ("session_id", "round", "num_samples", "beta_hat", "train_loss", "metrics", "kind", "tensors", "total_bytes")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    BETA_HAT_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    round: int
+    num_samples: int
+    beta_hat: float
+    train_loss: float
+    metrics: _containers.ScalarMap[str, float]
+    kind: UpdateKind
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    total_bytes: int
+    def __init__(self, session_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[int] = ..., beta_hat: _Optional[float] = ..., train_loss: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., kind: _Optional[_Union[UpdateKind, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+
+class UpdateMessage(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: UpdateHeader
+    chunk: Chunk
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("accepted", "reason")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("round", "finished")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    finished: bool
+    def __init__(self, round: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("session_id", "reason")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    reason: str
+    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RoundSummary(_message.Message):
+    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SELECTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    MEAN_TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    selected: int
+    accepted: int
+    rejected: int
+    mean_train_loss: float
+    mean_test_accuracy: float
+    seconds: float
+    outcome: str
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("federation_id", "round", "num_rounds", "phase", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished")
+    FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    SELECTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    federation_id: str
+    round: int
+    num_rounds: int
+    phase: str
+    clients_known: int
+    clients_alive: int
+    selected: int
+    accepted: int
+    rejected: int
+    rejected_total: int
+    history: _containers.RepeatedCompositeFieldContainer[RoundSummary]
+    finished: bool
+    def __init__(self, federation_id: _Optional[str] = ..., round: _Optional[int] = ..., num_rounds: _Optional[int] = ..., phase: _Optional[str] = ..., clients_known: _Optional[int] = ..., clients_alive: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejected_total: _Optional[int] = ..., history: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., finished: _Optional[bool] = ...) -> None: ...
