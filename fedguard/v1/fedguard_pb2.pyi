@@ -162,22 +162,20 @@ class Wait(_message.Message):
     def __init__(self, retry_after_s: _Optional[float] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("round", "deadline_s", "tensors", "total_bytes", "recovery", "learning_rate", "evaluate_only")
+    __slots__ = ("round", "deadline_s", "tensors", "total_bytes", "recovery", "learning_rate")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
-    EVALUATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     round: int
     deadline_s: float
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     total_bytes: int
     recovery: bool
     learning_rate: float
-    evaluate_only: bool
-    def __init__(self, round: _Optional[int] = ..., deadline_s: _Optional[float] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., recovery: _Optional[bool] = ..., learning_rate: _Optional[float] = ..., evaluate_only: _Optional[bool] = ...) -> None: ...
+    def __init__(self, round: _Optional[int] = ..., deadline_s: _Optional[float] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., recovery: _Optional[bool] = ..., learning_rate: _Optional[float] = ...) -> None: ...
 
 class TaskMessage(_message.Message):
     __slots__ = ("wait", "header", "chunk")

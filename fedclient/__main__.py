@@ -1,0 +1,5 @@
+import sys
+
+from fedclient.cli import main
+
+sys.exit(main())

@@ -1,0 +1,416 @@
+"""FedClient: joins a federation, long-polls for tasks, trains locally and pushes updates.
+
+Embeddable: ``FedClient(...).run()`` blocks until the federation finishes; ``start()`` runs it in a
+background thread and ``stop()`` ends it cleanly (the in-flight call is cancelled, the client leaves).
+It reconnects with exponential backoff and full jitter, and re-joins when the server forgot its session
+(for example after a restart).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+from torch import nn
+
+from fedcore.config import ClientConfig, TrainingConfig
+from fedcore.data import ClientData, load_client_data
+from fedcore.log import get_logger
+from fedcore.models import build_model, model_fingerprint, model_manifest
+from fedcore.serialization import Reassembler, SerializationError, pack
+from fedcore.train import evaluate, train_local
+from fedguard import wire
+from fedguard.v1 import fedguard_pb2 as pb
+from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
+
+VERSION = "0.1.0"
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+              grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+
+
+class FedClientError(RuntimeError):
+    """The client cannot take part (model mismatch, refused join, server unreachable for too long)."""
+
+
+class _Stopped(Exception):
+    pass
+
+
+class _SessionLost(Exception):
+    pass
+
+
+@dataclass
+class ClientSummary:
+    client_id: str
+    rounds_trained: int = 0
+    updates_accepted: int = 0
+    updates_rejected: int = 0
+    reconnects: int = 0
+    last_round: int = 0
+    finished: bool = False
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class Backoff:
+    """Exponential backoff with full jitter: sleep U(0, min(max, initial·2^attempt))."""
+
+    def __init__(self, initial: float, maximum: float, rng: random.Random | None = None) -> None:
+        self.initial, self.maximum = initial, maximum
+        self.attempt = 0
+        self.rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        cap = min(self.maximum, self.initial * (2 ** self.attempt))
+        self.attempt += 1
+        return self.rng.uniform(0, cap)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+ModelSpec = str | Callable[[], nn.Module] | nn.Module | None
+
+
+class FedClient:
+    """A federated-learning device client.
+
+    ``model``: a registered name, a factory, a module, or None to build what the server announces.
+    ``data``: the client's :class:`ClientData`, or None to derive its shard from the server's dataset
+    (simulation: the shard index is ``config.data_index`` or, if negative, the index the server assigns).
+    """
+
+    def __init__(self, config: ClientConfig | None = None, model: ModelSpec = None,
+                 data: ClientData | None = None, **overrides: Any) -> None:
+        cfg = config or ClientConfig()
+        if overrides:
+            cfg = ClientConfig(**{**cfg.__dict__, **overrides})
+        self.config = cfg.validate()
+        self.log = get_logger("fedclient")
+        self._model_spec = model
+        self.data = data
+        self.model: nn.Module | None = None
+        self.client_id = self._resolve_client_id()
+        self.summary = ClientSummary(self.client_id)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._call_lock = threading.Lock()
+        self._inflight: Any = None
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.FederationStub | None = None
+        self._session = ""
+        self._fed: pb.FederationConfig | None = None
+        self._heartbeat_s = 5.0
+        self._rng = random.Random(self.client_id)
+        self._error: BaseException | None = None
+
+    # ---- identity ----
+
+    def _resolve_client_id(self) -> str:
+        if self.config.client_id:
+            return self.config.client_id
+        if self.config.state_dir:
+            path = Path(self.config.state_dir) / "client.json"
+            if path.exists():
+                return str(json.loads(path.read_text())["client_id"])
+            cid = f"client-{uuid.uuid4().hex[:12]}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"client_id": cid}))
+            return cid
+        return f"client-{uuid.uuid4().hex[:12]}"
+
+    # ---- lifecycle ----
+
+    def run(self) -> ClientSummary:
+        """Take part until the federation finishes or :meth:`stop` is called."""
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
+        self._open_channel()
+        try:
+            self._join_with_retry()
+            self._loop()
+        except _Stopped:
+            self.log.info("client.stopped", client_id=self.client_id)
+        finally:
+            self._leave()
+            if self._channel is not None:
+                self._channel.close()
+        return self.summary
+
+    def start(self) -> FedClient:
+        """Run in a background thread; errors are re-raised by :meth:`join`."""
+
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as e:
+                self._error = e
+                self.log.error("client.failed", client_id=self.client_id, error=str(e))
+
+        self._thread = threading.Thread(target=target, name=f"fedclient-{self.client_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the client to stop; cancels any call in flight and waits for the thread to end."""
+        self._stop.set()
+        with self._call_lock:
+            if self._inflight is not None:
+                self._inflight.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def join(self, timeout: float | None = None) -> ClientSummary:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._error is not None:
+                raise self._error
+        return self.summary
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- transport ----
+
+    def _open_channel(self) -> None:
+        opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.enable_retries", 0)]
+        self._channel = grpc.insecure_channel(self.config.server, options=opts)
+        self._stub = pb_grpc.FederationStub(self._channel)
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise _Stopped
+
+    def _sleep(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise _Stopped
+
+    def _retrying(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Call ``fn`` until it succeeds, backing off on transient errors; raises after give_up_after_s."""
+        backoff = Backoff(self.config.backoff_initial_s, self.config.backoff_max_s, self._rng)
+        first_failure: float | None = None
+        while True:
+            self._check_stop()
+            try:
+                return fn()
+            except grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else None
+                if self._stop.is_set():
+                    raise _Stopped from None
+                if code == grpc.StatusCode.UNAUTHENTICATED and what != "join":
+                    raise _SessionLost from None
+                if code not in _RETRYABLE:
+                    raise
+                now = time.monotonic()
+                first_failure = first_failure or now
+                if self.config.give_up_after_s and now - first_failure > self.config.give_up_after_s:
+                    raise FedClientError(f"server {self.config.server} unreachable for "
+                                         f"{self.config.give_up_after_s:.0f} s ({what}: {code})") from None
+                delay = backoff.next_delay()
+                self.summary.reconnects += 1
+                self.log.info("client.retrying", client_id=self.client_id, call=what, code=str(code),
+                              delay_s=round(delay, 3))
+                self._sleep(delay)
+
+    def _unary(self, method: Any, request: Any, timeout: float) -> Any:
+        fut = method.future(request, timeout=timeout)
+        with self._call_lock:
+            self._inflight = fut
+        try:
+            return fut.result()
+        finally:
+            with self._call_lock:
+                self._inflight = None
+
+    # ---- protocol steps ----
+
+    def _join_with_retry(self) -> None:
+        def do_join() -> pb.JoinReply:
+            assert self._stub is not None
+            fp = model_fingerprint(self.model) if self.model is not None else ""
+            req = pb.JoinRequest(client_id=self.client_id, token=self.config.token, model_fingerprint=fp,
+                                 capabilities=pb.Capabilities(
+                                     num_train_samples=self.data.num_train if self.data else 0,
+                                     version=VERSION))
+            return self._unary(self._stub.Join, req, timeout=30.0)
+
+        try:
+            reply: pb.JoinReply = self._retrying("join", do_join)
+        except grpc.RpcError as e:
+            raise FedClientError(f"join refused: {e.code()}: {e.details()}") from None
+        self._session = reply.session_id
+        self._fed = reply.config
+        self._heartbeat_s = reply.heartbeat_interval_s or 5.0
+        self._prepare(reply)
+        self.log.info("client.joined", client_id=self.client_id, federation=reply.config.federation_id,
+                      index=reply.client_index, num_train=self.data.num_train if self.data else 0)
+
+    def _prepare(self, reply: pb.JoinReply) -> None:
+        """Build model and data on first join and check the model against the server's spec."""
+        fed = reply.config
+        if self.model is None:
+            spec = self._model_spec
+            if spec is None:
+                self.model = build_model(fed.model_name, json.loads(fed.model_kwargs_json or "{}"))
+            elif isinstance(spec, str):
+                self.model = build_model(spec, json.loads(fed.model_kwargs_json or "{}"))
+            elif isinstance(spec, nn.Module):
+                self.model = spec
+            else:
+                self.model = spec()
+        server_manifest = wire.metas_from_pb(fed.model_spec)
+        mine = model_manifest(self.model)
+        if mine != server_manifest:
+            raise FedClientError(
+                f"model mismatch: this client's model has fingerprint {model_fingerprint(self.model)} "
+                f"but the federation's is {fed.model_fingerprint}; {_first_difference(mine, server_manifest)}")
+        if self.data is None:
+            index = self.config.data_index if self.config.data_index >= 0 else reply.client_index
+            self.data = load_client_data(fed.dataset, index, int(fed.seed),
+                                         json.loads(fed.data_options_json or "{}"))
+
+    def _leave(self) -> None:
+        if not self._session or self._stub is None:
+            return
+        try:
+            self._stub.Leave(pb.LeaveRequest(session_id=self._session, reason="done"), timeout=2.0)
+        except grpc.RpcError:
+            pass
+        self._session = ""
+
+    def _loop(self) -> None:
+        while True:
+            self._check_stop()
+            try:
+                task = self._retrying("pull", self._pull)
+            except _SessionLost:
+                self.log.info("client.rejoining", client_id=self.client_id, reason="session unknown to server")
+                self._join_with_retry()
+                continue
+            if isinstance(task, pb.Wait):
+                if task.finished:
+                    self.summary.finished = True
+                    self.log.info("client.finished", client_id=self.client_id, reason=task.reason,
+                                  rounds_trained=self.summary.rounds_trained)
+                    return
+                if task.retry_after_s > 0:
+                    self._sleep(task.retry_after_s)
+                continue
+            header, state = task
+            try:
+                self._work(header, state)
+            except _SessionLost:
+                self._join_with_retry()
+
+    def _pull(self) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
+        assert self._stub is not None
+        req = pb.PullTaskRequest(session_id=self._session, max_wait_s=self.config.long_poll_s)
+        call = self._stub.PullTask(req, timeout=self.config.long_poll_s + 30.0)
+        with self._call_lock:
+            self._inflight = call
+        try:
+            it: Iterator[pb.TaskMessage] = iter(call)
+            first = next(it)
+            if first.WhichOneof("kind") == "wait":
+                return first.wait
+            header = first.header
+            asm = Reassembler(wire.metas_from_pb(header.tensors), int(header.total_bytes))
+            for msg in it:
+                asm.feed(int(msg.chunk.offset), msg.chunk.data)
+            return header, asm.finish()
+        except SerializationError as e:
+            raise FedClientError(f"server sent a malformed model: {e}") from None
+        finally:
+            with self._call_lock:
+                self._inflight = None
+
+    def _work(self, header: pb.TaskHeader, state: dict[str, torch.Tensor]) -> None:
+        assert self.model is not None and self.data is not None and self._fed is not None
+        round_ = int(header.round)
+        self.model.load_state_dict(state)
+        ev = evaluate(self.model, self.data.x_test, self.data.y_test)
+        metrics = {"test_accuracy": ev.accuracy, "test_loss": ev.loss}
+        started = time.monotonic()
+        stop_hb = threading.Event()
+        hb = threading.Thread(target=self._heartbeats, args=(stop_hb,), daemon=True)
+        hb.start()
+        try:
+            if self.config.trainer == "noop":
+                train_loss = ev.loss if ev.loss == ev.loss else 0.0
+            else:
+                t = self._fed.training
+                tc = TrainingConfig(local_epochs=t.local_epochs, batch_size=t.batch_size,
+                                    learning_rate=t.learning_rate, momentum=t.momentum,
+                                    weight_decay=t.weight_decay, lr_decay=t.lr_decay or 1.0,
+                                    grad_clip_norm=t.grad_clip_norm, prox_mu=t.prox_mu)
+                res = train_local(self.model, self.data.x_train, self.data.y_train, tc,
+                                  learning_rate=header.learning_rate or None,
+                                  seed=zlib.crc32(f"{self.client_id}/{round_}".encode()))
+                train_loss = res.loss
+            if self.config.straggler_delay_s:
+                self._sleep(self.config.straggler_delay_s)
+        finally:
+            stop_hb.set()
+        metrics["train_seconds"] = time.monotonic() - started
+        self.summary.rounds_trained += 1
+        self.summary.last_round = round_
+        self.summary.history.append({"round": float(round_), **metrics, "train_loss": train_loss})
+        self._push(round_, train_loss, metrics)
+
+    def _heartbeats(self, stop: threading.Event) -> None:
+        while not stop.wait(self._heartbeat_s):
+            if self._stop.is_set() or self._stub is None:
+                return
+            try:
+                self._stub.Heartbeat(pb.HeartbeatRequest(session_id=self._session), timeout=5.0)
+            except grpc.RpcError:
+                pass
+
+    def _push(self, round_: int, train_loss: float, metrics: dict[str, float]) -> None:
+        assert self.model is not None and self._stub is not None and self.data is not None
+        manifest, payload = pack(self.model.state_dict())
+        chunk_bytes = 1 << 20
+
+        def messages() -> Iterator[pb.UpdateMessage]:
+            yield pb.UpdateMessage(header=pb.UpdateHeader(
+                session_id=self._session, round=round_, num_samples=self.data.num_train if self.data else 0,
+                train_loss=train_loss, metrics=metrics, kind=pb.WEIGHTS,
+                tensors=wire.metas_to_pb(manifest), total_bytes=len(payload)))
+            for chunk in wire.chunk_messages(payload, chunk_bytes):
+                yield pb.UpdateMessage(chunk=chunk)
+
+        def do_push() -> pb.PushReply:
+            assert self._stub is not None
+            return self._unary(self._stub.PushUpdate, messages(), timeout=120.0)
+
+        try:
+            self._retrying("push", do_push)
+            self.summary.updates_accepted += 1
+            self.log.info("update.sent", client_id=self.client_id, round=round_, train_loss=round(train_loss, 5),
+                          test_accuracy=round(metrics["test_accuracy"], 4))
+        except grpc.RpcError as e:
+            self.summary.updates_rejected += 1
+            self.log.warning("update.refused", client_id=self.client_id, round=round_, code=str(e.code()),
+                             reason=e.details())
+
+
+def _first_difference(mine: list[Any], theirs: list[Any]) -> str:
+    for a, b in zip(mine, theirs, strict=False):
+        if a != b:
+            return f"first difference: {a.name} {a.dtype}{list(a.shape)} vs {b.name} {b.dtype}{list(b.shape)}"
+    return f"{len(mine)} tensors here vs {len(theirs)} in the federation"
+
+
+__all__ = ["Backoff", "ClientSummary", "FedClient", "FedClientError"]

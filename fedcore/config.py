@@ -1,0 +1,351 @@
+"""Typed configuration: dataclasses, loadable from TOML and overridable field by field.
+
+One source of truth: the server's :class:`ServerConfig` holds everything the federation agrees on (model,
+data, training hyper-parameters); clients receive the parts they need at join time. Every error names the
+field it is about (``rounds.clients_per_round: must be >= 1, got 0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, Union
+
+from fedcore.aggregation import AggregationConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message starts with the field's dotted path."""
+
+    def __init__(self, field_path: str, message: str) -> None:
+        super().__init__(f"{field_path}: {message}")
+        self.field = field_path
+
+
+@dataclass
+class ModelConfig:
+    # A registered name ("mlp") or a factory import path ("mypkg.models:make_net").
+    name: str = "mlp"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "synthetic"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainingConfig:
+    local_epochs: int = 1
+    batch_size: int = 10
+    learning_rate: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    # Multiply the learning rate by this factor every round (FL-GUARD/LINDT use 0.992).
+    lr_decay: float = 1.0
+    # Per-step gradient-norm clip on the client; 0 disables it.
+    grad_clip_norm: float = 0.0
+    # FedProx proximal coefficient mu; 0 is plain local SGD.
+    prox_mu: float = 0.0
+
+
+@dataclass
+class RoundsConfig:
+    num_rounds: int = 10
+    # K: updates that close a round.
+    clients_per_round: int = 10
+    # Select ceil(K * over_select) clients so that stragglers do not hold a round.
+    over_select: float = 1.0
+    # A round that reaches its deadline with at least this many updates still aggregates; 0 means K.
+    min_updates: int = 0
+    # Clients that must be available before a round starts; 0 means K.
+    min_available: int = 0
+    round_timeout_s: float = 60.0
+    # How long to wait for min_available clients before giving up on the federation.
+    sampling_timeout_s: float = 300.0
+    seed: int = 0
+
+    @property
+    def effective_min_updates(self) -> int:
+        return self.min_updates or self.clients_per_round
+
+    @property
+    def effective_min_available(self) -> int:
+        return self.min_available or self.clients_per_round
+
+    @property
+    def num_selected(self) -> int:
+        return math.ceil(self.clients_per_round * self.over_select)
+
+
+@dataclass
+class ServerSection:
+    address: str = "127.0.0.1:8470"
+    federation_id: str = "fedguard"
+    # Shared join secret; empty accepts any client.
+    token: str = ""
+    run_dir: str = "runs/latest"
+    chunk_bytes: int = 1 << 20
+    # gRPC per-message ceiling (each chunk is one message).
+    max_message_bytes: int = 8 << 20
+    # Ceiling on one update's announced tensor bytes.
+    max_update_bytes: int = 2 << 30
+    # Longest server-side wait of a PullTask long-poll.
+    long_poll_s: float = 20.0
+    heartbeat_interval_s: float = 5.0
+    # A client silent for this long is dropped from the available pool until it re-joins.
+    heartbeat_patience_s: float = 30.0
+    log_json: bool = False
+    log_level: str = "info"
+
+
+@dataclass
+class ServerConfig:
+    server: ServerSection = field(default_factory=ServerSection)
+    rounds: RoundsConfig = field(default_factory=RoundsConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+
+    def validate(self) -> ServerConfig:
+        validate_server_config(self)
+        return self
+
+
+@dataclass
+class ClientConfig:
+    server: str = "127.0.0.1:8470"
+    # Stable identity; empty derives one from the state dir or a random id.
+    client_id: str = ""
+    token: str = ""
+    # Where the client keeps its identity and private state across restarts; empty keeps nothing.
+    state_dir: str = ""
+    # Longest wait the client asks the server to hold a PullTask.
+    long_poll_s: float = 20.0
+    # Reconnect: exponential backoff from backoff_initial_s to backoff_max_s with full jitter.
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 10.0
+    # Give up after this many seconds without reaching the server; 0 retries forever.
+    give_up_after_s: float = 120.0
+    # "sgd" trains locally; "noop" returns the received model at once (benchmarks, protocol tests).
+    trainer: str = "sgd"
+    # Simulation: seconds of extra delay before pushing each update.
+    straggler_delay_s: float = 0.0
+    # Simulation: index of the client's shard when the server's dataset is used; -1 uses the server's.
+    data_index: int = -1
+    torch_threads: int = 0
+    log_json: bool = False
+    log_level: str = "info"
+
+    def validate(self) -> ClientConfig:
+        validate_client_config(self)
+        return self
+
+
+# ---- validation ----
+
+def _check(cond: bool, path: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(path, message)
+
+
+def validate_server_config(c: ServerConfig) -> None:
+    s, r, t = c.server, c.rounds, c.training
+    _check(_valid_address(s.address), "server.address", f"expected host:port, got {s.address!r}")
+    _check(bool(s.federation_id), "server.federation_id", "must not be empty")
+    _check(s.chunk_bytes >= 1024, "server.chunk_bytes", f"must be >= 1024, got {s.chunk_bytes}")
+    _check(s.max_message_bytes >= s.chunk_bytes + 4096, "server.max_message_bytes",
+           f"must exceed chunk_bytes ({s.chunk_bytes}) by at least 4096, got {s.max_message_bytes}")
+    _check(s.max_update_bytes > 0, "server.max_update_bytes", f"must be > 0, got {s.max_update_bytes}")
+    _check(s.long_poll_s > 0, "server.long_poll_s", f"must be > 0, got {s.long_poll_s}")
+    _check(s.heartbeat_interval_s > 0, "server.heartbeat_interval_s", f"must be > 0, got {s.heartbeat_interval_s}")
+    _check(s.heartbeat_patience_s > s.heartbeat_interval_s, "server.heartbeat_patience_s",
+           f"must exceed heartbeat_interval_s ({s.heartbeat_interval_s}), got {s.heartbeat_patience_s}")
+    _check(s.log_level in _LOG_LEVELS, "server.log_level", f"one of {sorted(_LOG_LEVELS)}, got {s.log_level!r}")
+    _check(r.num_rounds >= 1, "rounds.num_rounds", f"must be >= 1, got {r.num_rounds}")
+    _check(r.clients_per_round >= 1, "rounds.clients_per_round", f"must be >= 1, got {r.clients_per_round}")
+    _check(r.over_select >= 1.0, "rounds.over_select", f"must be >= 1.0, got {r.over_select}")
+    _check(0 <= r.min_updates <= r.clients_per_round, "rounds.min_updates",
+           f"must be in [0, clients_per_round={r.clients_per_round}], got {r.min_updates}")
+    _check(r.min_available == 0 or r.min_available >= r.effective_min_updates, "rounds.min_available",
+           f"must be 0 or >= min_updates ({r.effective_min_updates}), got {r.min_available}")
+    _check(r.round_timeout_s > 0, "rounds.round_timeout_s", f"must be > 0, got {r.round_timeout_s}")
+    _check(r.sampling_timeout_s > 0, "rounds.sampling_timeout_s", f"must be > 0, got {r.sampling_timeout_s}")
+    _check(r.seed >= 0, "rounds.seed", f"must be >= 0, got {r.seed}")
+    validate_training_config(t)
+    _check(bool(c.model.name), "model.name", "must not be empty")
+    _check(bool(c.data.dataset), "data.dataset", "must not be empty")
+    agg_validate = getattr(c.aggregation, "validate", None)
+    if callable(agg_validate):
+        try:
+            agg_validate(r.clients_per_round)
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError("aggregation", str(e)) from None
+
+
+def validate_training_config(t: TrainingConfig, prefix: str = "training") -> None:
+    _check(t.local_epochs >= 1, f"{prefix}.local_epochs", f"must be >= 1, got {t.local_epochs}")
+    _check(t.batch_size >= 1, f"{prefix}.batch_size", f"must be >= 1, got {t.batch_size}")
+    _check(math.isfinite(t.learning_rate) and t.learning_rate > 0, f"{prefix}.learning_rate",
+           f"must be a finite number > 0, got {t.learning_rate}")
+    _check(0 <= t.momentum < 1, f"{prefix}.momentum", f"must be in [0, 1), got {t.momentum}")
+    _check(t.weight_decay >= 0, f"{prefix}.weight_decay", f"must be >= 0, got {t.weight_decay}")
+    _check(0 < t.lr_decay <= 1, f"{prefix}.lr_decay", f"must be in (0, 1], got {t.lr_decay}")
+    _check(t.grad_clip_norm >= 0, f"{prefix}.grad_clip_norm", f"must be >= 0, got {t.grad_clip_norm}")
+    _check(t.prox_mu >= 0, f"{prefix}.prox_mu", f"must be >= 0, got {t.prox_mu}")
+
+
+def validate_client_config(c: ClientConfig) -> None:
+    _check(_valid_address(c.server), "server", f"expected host:port, got {c.server!r}")
+    _check(c.long_poll_s > 0, "long_poll_s", f"must be > 0, got {c.long_poll_s}")
+    _check(0 < c.backoff_initial_s <= c.backoff_max_s, "backoff_initial_s",
+           f"need 0 < backoff_initial_s <= backoff_max_s, got {c.backoff_initial_s} and {c.backoff_max_s}")
+    _check(c.give_up_after_s >= 0, "give_up_after_s", f"must be >= 0, got {c.give_up_after_s}")
+    _check(c.trainer in ("sgd", "noop"), "trainer", f"one of 'sgd', 'noop', got {c.trainer!r}")
+    _check(c.straggler_delay_s >= 0, "straggler_delay_s", f"must be >= 0, got {c.straggler_delay_s}")
+    _check(c.torch_threads >= 0, "torch_threads", f"must be >= 0, got {c.torch_threads}")
+    _check(c.log_level in _LOG_LEVELS, "log_level", f"one of {sorted(_LOG_LEVELS)}, got {c.log_level!r}")
+
+
+_LOG_LEVELS = {"debug", "info", "warning", "error"}
+
+
+def _valid_address(addr: str) -> bool:
+    host, sep, port = addr.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 <= int(port) < 65536)
+
+
+# ---- loading: dicts and TOML into dataclasses, with the field path in every error ----
+
+T = TypeVar("T")
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
+    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types are errors naming the field."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(path or "<root>", f"expected a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        fpath = f"{path}.{key}" if path else key
+        if key not in fields or not fields[key].init:
+            raise ConfigError(fpath, f"unknown field; known: {', '.join(sorted(fields))}")
+        kwargs[key] = _coerce(hints[key], value, fpath)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(path or "<root>", str(e)) from None
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return from_dict(tp, value, path)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(path, f"expected {tp}, got {value!r}")
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(path, f"expected a table, got {value!r}")
+        return dict(value)
+    if origin in (tuple, list) or tp in (tuple, list):
+        if not isinstance(value, Sequence) or isinstance(value, str):
+            raise ConfigError(path, f"expected a list, got {value!r}")
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        items = [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)] if args else list(value)
+        return tuple(items) if (origin or tp) is tuple else items
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(path, f"expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(path, f"expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(path, f"expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(path, f"expected a string, got {value!r}")
+    return value
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError("--config", f"file not found: {p}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("--config", f"{p} is not valid TOML: {e}") from None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``section.key=value`` with value read as a TOML literal (bare words are strings)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError("--set", f"expected section.key=value, got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.strip().split("."), value
+
+
+def merge_override(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = data
+    for k in keys[:-1]:
+        child = node.setdefault(k, {})
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(keys), f"{k} is not a table")
+        node = child
+    node[keys[-1]] = value
+
+
+def build_config(cls: type[T], toml_path: str | Path | None = None,
+                 overrides: Sequence[tuple[list[str], Any]] = ()) -> T:
+    """Defaults <- TOML file <- overrides (later wins), then the dataclass's ``validate()`` if it has one."""
+    data: dict[str, Any] = load_toml(toml_path) if toml_path else {}
+    for keys, value in overrides:
+        merge_override(data, keys, value)
+    cfg = from_dict(cls, data)
+    validate = getattr(cfg, "validate", None)
+    if callable(validate):
+        validate()
+    return cfg

@@ -1,0 +1,6 @@
+"""Federated datasets: each client derives its own shard from (dataset, options, seed, client index)."""
+
+from fedcore.data.base import ClientData, DataError, available_datasets, load_client_data, register_dataset
+from fedcore.data import synthetic as _synthetic  # noqa: F401  (registers "synthetic")
+
+__all__ = ["ClientData", "DataError", "available_datasets", "load_client_data", "register_dataset"]

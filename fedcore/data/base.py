@@ -1,0 +1,76 @@
+"""Client data containers and the dataset registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class DataError(ValueError):
+    """Unknown dataset, bad options, or data that does not fit the model."""
+
+
+@dataclass
+class ClientData:
+    """One client's local data, already split into train and test with the same distribution."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        if len(self.x_train) != len(self.y_train) or len(self.x_test) != len(self.y_test):
+            raise DataError("features and labels differ in length")
+        if len(self.x_train) == 0:
+            raise DataError("a client needs at least one training sample")
+
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+
+ShardLoader = Callable[..., ClientData]
+_REGISTRY: dict[str, ShardLoader] = {}
+
+
+def register_dataset(name: str) -> Callable[[ShardLoader], ShardLoader]:
+    def deco(fn: ShardLoader) -> ShardLoader:
+        if name in _REGISTRY:
+            raise ValueError(f"dataset {name!r} registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def available_datasets() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def load_client_data(dataset: str, client_index: int, seed: int, options: Mapping[str, Any] | None = None) -> ClientData:
+    """The shard of client ``client_index``: deterministic in (dataset, options, seed, index)."""
+    try:
+        loader = _REGISTRY[dataset]
+    except KeyError:
+        raise DataError(f"unknown dataset {dataset!r}; known: {', '.join(available_datasets())}") from None
+    if client_index < 0:
+        raise DataError(f"client index must be >= 0, got {client_index}")
+    try:
+        return loader(client_index=client_index, seed=seed, **dict(options or {}))
+    except TypeError as e:
+        raise DataError(f"dataset {dataset!r} rejected its options {dict(options or {})}: {e}") from None
+
+
+def split_train_test(x: torch.Tensor, y: torch.Tensor, num_classes: int, test_fraction: float,
+                     generator: torch.Generator) -> ClientData:
+    """Shuffle and split so that train and test follow the same distribution."""
+    n = len(y)
+    perm = torch.randperm(n, generator=generator)
+    n_test = max(1, round(n * test_fraction)) if n > 1 else 0
+    test, train = perm[:n_test], perm[n_test:]
+    return ClientData(x[train], y[train], x[test], y[test], num_classes)

@@ -1,0 +1,91 @@
+"""Model registry: build a ``torch.nn.Module`` by name, or from a user factory given as "pkg.mod:factory"."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedcore.serialization import TensorMeta, fingerprint, manifest_of
+
+ModelFactory = Callable[..., nn.Module]
+_REGISTRY: dict[str, ModelFactory] = {}
+
+
+class ModelError(ValueError):
+    """Unknown model name, bad factory path or bad model arguments."""
+
+
+def register_model(name: str) -> Callable[[ModelFactory], ModelFactory]:
+    def deco(factory: ModelFactory) -> ModelFactory:
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} registered twice")
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def available_models() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def resolve_factory(name: str) -> ModelFactory:
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ModelError(f"cannot import model factory module {module_name!r}: {e}") from None
+        factory = getattr(module, attr, None)
+        if not callable(factory):
+            raise ModelError(f"{name!r}: {module_name} has no callable {attr!r}")
+        return factory  # type: ignore[no-any-return]
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ModelError(f"unknown model {name!r}; known: {', '.join(available_models())}") from None
+
+
+def build_model(name: str, kwargs: Mapping[str, Any] | None = None, seed: int | None = None) -> nn.Module:
+    """Instantiate a model; with ``seed`` the initial weights are deterministic."""
+    factory = resolve_factory(name)
+    with torch.random.fork_rng(enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        try:
+            model = factory(**dict(kwargs or {}))
+        except TypeError as e:
+            raise ModelError(f"model {name!r} rejected its arguments {dict(kwargs or {})}: {e}") from None
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"model factory {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def model_manifest(model: nn.Module) -> list[TensorMeta]:
+    return manifest_of(model.state_dict())
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    return fingerprint(model_manifest(model))
+
+
+@register_model("mlp")
+def mlp(in_features: int = 60, num_classes: int = 10, hidden: tuple[int, ...] | list[int] = (64,)) -> nn.Module:
+    """A plain multi-layer perceptron: Linear+ReLU per hidden width, then a linear classifier."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = in_features
+    for h in hidden:
+        layers += [nn.Linear(width, int(h)), nn.ReLU()]
+        width = int(h)
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+@register_model("logreg")
+def logreg(in_features: int = 60, num_classes: int = 10) -> nn.Module:
+    """Multinomial logistic regression (the FedProx synthetic-task model)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))

@@ -1,0 +1,304 @@
+"""The round machine: a deterministic state machine over plain, serializable state.
+
+``state, events = step(state, observation, config)``. The coordinator feeds it observations (a client joined,
+was heard from, left; an update was accepted or rejected; time passed; aggregation finished) and acts on the
+events it returns (start a round, aggregate, abandon, finish). It never reads a clock or draws randomness of
+its own: time comes in with each observation and selection is seeded by (seed, round, attempt), so a run is
+reproducible and a restarted server can carry on from the saved state.
+
+Phases: ``sampling`` (waiting for enough available clients) -> ``training`` (tasks out, updates coming in) ->
+``aggregating`` (the shell computes the new model) -> ``sampling`` of the next round, ..., ``finished``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedcore.config import RoundsConfig
+
+SAMPLING, TRAINING, AGGREGATING, FINISHED = "sampling", "training", "aggregating", "finished"
+
+
+@dataclass
+class ClientRecord:
+    client_id: str
+    index: int
+    num_samples: int = 0
+    last_seen: float = 0.0
+    alive: bool = True
+    opt_out: bool = False
+    attacker: bool = False
+
+
+@dataclass
+class RoundState:
+    # The round in progress (1-based); rounds completed = round - 1 (or num_rounds once finished).
+    round: int = 1
+    attempt: int = 0
+    phase: str = SAMPLING
+    phase_since: float = 0.0
+    deadline: float = 0.0
+    selected: list[str] = field(default_factory=list)
+    accepted: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+    # Every rejection while this round was current, solicited or not.
+    rejected_in_round: int = 0
+    rejected_total: int = 0
+    clients: dict[str, ClientRecord] = field(default_factory=dict)
+    outcome: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RoundState:
+        d = dict(d)
+        d["clients"] = {k: ClientRecord(**v) for k, v in d.get("clients", {}).items()}
+        return cls(**d)
+
+    def alive_ids(self) -> list[str]:
+        return sorted(cid for cid, c in self.clients.items() if c.alive)
+
+    @property
+    def completed_rounds(self) -> int:
+        return self.round - 1 if self.phase != FINISHED else self.round
+
+
+# ---- observations ----
+
+@dataclass(frozen=True)
+class Joined:
+    client_id: str
+    now: float
+    num_samples: int = 0
+    opt_out: bool = False
+    attacker: bool = False
+
+
+@dataclass(frozen=True)
+class Seen:
+    """Any contact from a live client (heartbeat, poll, upload)."""
+
+    client_id: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Left:
+    client_id: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+@dataclass(frozen=True)
+class UpdateAccepted:
+    client_id: str
+    round: int
+    now: float
+
+
+@dataclass(frozen=True)
+class UpdateRejected:
+    client_id: str
+    round: int
+    reason: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Aggregated:
+    round: int
+    now: float
+
+
+Observation = Joined | Seen | Left | Tick | UpdateAccepted | UpdateRejected | Aggregated
+
+
+# ---- events ----
+
+@dataclass(frozen=True)
+class RoundStarted:
+    round: int
+    attempt: int
+    selected: tuple[str, ...]
+    deadline: float
+
+
+@dataclass(frozen=True)
+class RoundClosed:
+    """Enough updates: the shell aggregates them and then observes :class:`Aggregated`."""
+
+    round: int
+    accepted: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class RoundAbandoned:
+    round: int
+    attempt: int
+    accepted: int
+    needed: int
+
+
+@dataclass(frozen=True)
+class ClientDropped:
+    client_id: str
+    silent_for: float
+
+
+@dataclass(frozen=True)
+class FederationFinished:
+    rounds: int
+    outcome: str
+
+
+Event = RoundStarted | RoundClosed | RoundAbandoned | ClientDropped | FederationFinished
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the machine needs of the configuration beyond rounds: liveness patience."""
+
+    heartbeat_patience_s: float
+
+
+def select_clients(available: list[str], n: int, seed: int, round_: int, attempt: int) -> list[str]:
+    """Uniform sample of ``n`` of ``available`` (sorted first), seeded by (seed, round, attempt)."""
+    pool = sorted(available)
+    n = min(n, len(pool))
+    rng = np.random.default_rng([seed, round_, attempt])
+    idx = rng.choice(len(pool), size=n, replace=False)
+    return [pool[i] for i in sorted(idx.tolist())]
+
+
+def admission(state: RoundState, client_id: str, round_: int) -> str | None:
+    """Why an update from ``client_id`` for ``round_`` cannot be taken now, or None when it can."""
+    if state.phase == FINISHED:
+        return "the federation has finished"
+    if round_ != state.round:
+        return f"update for round {round_}, but the current round is {state.round}"
+    if state.phase != TRAINING:
+        return f"round {round_} is closed"
+    if client_id not in state.selected:
+        return f"client was not selected for round {round_}"
+    if client_id in state.accepted:
+        return f"an update for round {round_} was already accepted from this client"
+    if client_id in state.rejected:
+        return f"an update for round {round_} was already rejected from this client"
+    return None
+
+
+def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limits) -> tuple[
+    RoundState, list[Event]
+]:
+    """Apply one observation to ``state`` (updated in place and returned) and list the events it caused.
+
+    Liveness (dropping silent clients) is evaluated on :class:`Tick` observations only, so the cost of a
+    contact from one client does not grow with the size of the fleet.
+    """
+    s = state
+    events: list[Event] = []
+    if isinstance(obs, Joined):
+        rec = s.clients.get(obs.client_id)
+        if rec is None:
+            rec = ClientRecord(obs.client_id, index=len(s.clients))
+            s.clients[obs.client_id] = rec
+        rec.num_samples, rec.opt_out, rec.attacker = obs.num_samples, obs.opt_out, obs.attacker
+        rec.last_seen, rec.alive = obs.now, True
+    elif isinstance(obs, Seen):
+        rec = s.clients.get(obs.client_id)
+        if rec is not None:
+            rec.last_seen = obs.now
+    elif isinstance(obs, Left):
+        rec = s.clients.get(obs.client_id)
+        if rec is not None:
+            rec.alive = False
+    elif isinstance(obs, UpdateAccepted):
+        if admission(s, obs.client_id, obs.round) is None:
+            s.accepted.append(obs.client_id)
+            s.clients[obs.client_id].last_seen = obs.now
+    elif isinstance(obs, UpdateRejected):
+        s.rejected_total += 1
+        s.rejected_in_round += 1
+        if obs.round == s.round and s.phase == TRAINING and obs.client_id in s.selected:
+            s.rejected.setdefault(obs.client_id, obs.reason)
+    elif isinstance(obs, Aggregated):
+        if s.phase == AGGREGATING and obs.round == s.round:
+            _next_round(s, obs.now, config, events)
+    _advance(s, obs.now, config, limits, events, check_liveness=isinstance(obs, Tick))
+    return s, events
+
+
+def _next_round(s: RoundState, now: float, config: RoundsConfig, events: list[Event]) -> None:
+    if s.round >= config.num_rounds:
+        s.phase, s.outcome = FINISHED, "completed"
+        s.phase_since = now
+        events.append(FederationFinished(s.round, s.outcome))
+        return
+    s.round += 1
+    s.attempt = 0
+    _to_sampling(s, now)
+
+
+def _to_sampling(s: RoundState, now: float) -> None:
+    s.phase, s.phase_since = SAMPLING, now
+    s.selected, s.accepted, s.rejected, s.rejected_in_round = [], [], {}, 0
+
+
+def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, events: list[Event],
+             check_liveness: bool = False) -> None:
+    if check_liveness:
+        # A client silent past its patience leaves the available pool until it re-joins.
+        for cid in sorted(s.clients):
+            rec = s.clients[cid]
+            if rec.alive and now - rec.last_seen > limits.heartbeat_patience_s:
+                rec.alive = False
+                events.append(ClientDropped(cid, now - rec.last_seen))
+    if s.phase == SAMPLING:
+        alive = s.alive_ids()
+        if len(alive) >= config.effective_min_available:
+            _start_round(s, alive, now, config, events)
+        elif now - s.phase_since >= config.sampling_timeout_s:
+            if len(alive) >= config.effective_min_updates:
+                _start_round(s, alive, now, config, events)
+            else:
+                s.phase, s.outcome, s.phase_since = FINISHED, "stalled", now
+                events.append(FederationFinished(s.round - 1, s.outcome))
+    elif s.phase == TRAINING:
+        k = config.clients_per_round
+        pending = [c for c in s.selected
+                   if c not in s.accepted and c not in s.rejected and s.clients[c].alive]
+        if len(s.accepted) >= k:
+            _close(s, now, "quorum", events)
+        elif not pending and len(s.accepted) >= config.effective_min_updates:
+            _close(s, now, "all_responded", events)
+        elif now >= s.deadline or not pending:
+            if len(s.accepted) >= config.effective_min_updates:
+                _close(s, now, "deadline", events)
+            else:
+                events.append(RoundAbandoned(s.round, s.attempt, len(s.accepted), config.effective_min_updates))
+                s.attempt += 1
+                _to_sampling(s, now)
+                _advance(s, now, config, limits, events)
+
+
+def _start_round(s: RoundState, alive: list[str], now: float, config: RoundsConfig, events: list[Event]) -> None:
+    s.selected = select_clients(alive, config.num_selected, config.seed, s.round, s.attempt)
+    s.accepted, s.rejected, s.rejected_in_round = [], {}, 0
+    s.phase, s.phase_since = TRAINING, now
+    s.deadline = now + config.round_timeout_s
+    events.append(RoundStarted(s.round, s.attempt, tuple(s.selected), s.deadline))
+
+
+def _close(s: RoundState, now: float, reason: str, events: list[Event]) -> None:
+    s.phase, s.phase_since = AGGREGATING, now
+    events.append(RoundClosed(s.round, tuple(s.accepted), reason))

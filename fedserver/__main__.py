@@ -1,0 +1,5 @@
+import sys
+
+from fedserver.cli import main
+
+sys.exit(main())

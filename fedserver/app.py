@@ -1,0 +1,130 @@
+"""Serve a federation: gRPC server + coordinator on one event loop, in the foreground or in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from fedcore.config import ServerConfig
+from fedserver.coordinator import Coordinator
+from fedserver.servicer import add_to_server, set_serving
+
+
+def grpc_options(config: ServerConfig) -> list[tuple[str, Any]]:
+    limit = config.server.max_message_bytes
+    return [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+    ]
+
+
+async def serve(config: ServerConfig, ready: Callable[[int, Coordinator], None] | None = None,
+                stop: asyncio.Event | None = None, linger_s: float = 2.0) -> dict[str, Any]:
+    """Run the federation to its end (or until ``stop`` is set); returns the final status.
+
+    After the last round the server keeps answering for ``linger_s`` so that polling clients learn that
+    the federation finished and leave cleanly.
+    """
+    coord = Coordinator(config)
+    server = grpc.aio.server(options=grpc_options(config))
+    health = add_to_server(server, coord)
+    port = server.add_insecure_port(config.server.address)
+    if port == 0:
+        raise OSError(f"cannot listen on {config.server.address}")
+    await server.start()
+    await set_serving(health, True)
+    coord.log.info("server.listening", address=config.server.address, port=port)
+    if ready is not None:
+        ready(port, coord)
+    run = asyncio.ensure_future(coord.run())
+    stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    try:
+        done, _ = await asyncio.wait([t for t in (run, stopper) if t is not None],
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if run in done:
+            run.result()
+            await asyncio.sleep(linger_s)
+        else:
+            coord.log.info("server.stopping", reason="stop requested")
+            run.cancel()
+        return coord.status()
+    finally:
+        if stopper is not None:
+            stopper.cancel()
+        await set_serving(health, False)
+        await server.stop(grace=0.5)
+        coord.log.info("server.stopped")
+
+
+class ServerThread:
+    """A server running in a background thread (tests, benchmarks, apps embedding the coordinator)."""
+
+    def __init__(self, config: ServerConfig, linger_s: float = 2.0) -> None:
+        self.config = config
+        self.linger_s = linger_s
+        self.port = 0
+        self.coordinator: Coordinator | None = None
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="fedserver", daemon=True)
+
+    def _main(self) -> None:
+        async def go() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+
+            def on_ready(port: int, coord: Coordinator) -> None:
+                self.port, self.coordinator = port, coord
+                self._ready.set()
+
+            self.result = await serve(self.config, on_ready, self._stop, self.linger_s)
+
+        try:
+            asyncio.run(go())
+        except BaseException as e:  # surfaced to the caller by wait()/start()
+            self.error = e
+        finally:
+            self._ready.set()
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("server did not start")
+        if self.error is not None:
+            raise self.error
+        return self
+
+    @property
+    def address(self) -> str:
+        host = self.config.server.address.rpartition(":")[0]
+        return f"{host}:{self.port}"
+
+    def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
+        self._thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+    def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
+        """Run ``fn`` on the server's event loop and return its result (state inspection in tests)."""
+        assert self._loop is not None
+
+        async def wrapper() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(wrapper(), self._loop).result(timeout)

@@ -1,0 +1,113 @@
+"""``fedserver``: run a federation coordinator.
+
+Configuration: defaults <- ``--config FILE.toml`` <- ``--set section.key=value`` <- the named flags below.
+Exit status: 0 when the federation completed its rounds, 2 for a bad configuration, 3 when it stalled
+(too few clients within ``rounds.sampling_timeout_s``), 1 for an unexpected error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from typing import Any
+
+from fedcore.config import ConfigError, ServerConfig, build_config, parse_override, to_dict
+from fedcore.log import configure_logging
+
+# flag -> (config path, type)
+_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "address": ("server.address", str, "host:port to listen on (port 0 picks a free one)"),
+    "run_dir": ("server.run_dir", str, "directory for the final model, rounds.jsonl and config.json"),
+    "token": ("server.token", str, "shared join secret clients must present"),
+    "rounds": ("rounds.num_rounds", int, "number of rounds R"),
+    "clients_per_round": ("rounds.clients_per_round", int, "K: updates that close a round"),
+    "min_updates": ("rounds.min_updates", int, "updates that suffice at the deadline (0 = K)"),
+    "min_available": ("rounds.min_available", int, "clients needed before a round starts (0 = K)"),
+    "over_select": ("rounds.over_select", float, "select ceil(K * over_select) clients"),
+    "round_timeout": ("rounds.round_timeout_s", float, "round deadline in seconds"),
+    "seed": ("rounds.seed", int, "seed of selection and model initialisation"),
+    "model": ("model.name", str, "model name or import path pkg.mod:factory"),
+    "dataset": ("data.dataset", str, "dataset clients derive their shards from"),
+    "epochs": ("training.local_epochs", int, "local epochs E"),
+    "batch_size": ("training.batch_size", int, "local batch size B"),
+    "lr": ("training.learning_rate", float, "client learning rate"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fedserver", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", help="TOML configuration file")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override any configuration field (value is a TOML literal); repeatable")
+    for flag, (path, tp, help_) in _FLAGS.items():
+        ap.add_argument("--" + flag.replace("_", "-"), dest=flag, type=tp, help=f"{help_} [{path}]")
+    ap.add_argument("-k", dest="clients_per_round", type=int, help="same as --clients-per-round")
+    ap.add_argument("--model-kwargs", help="JSON object of model factory arguments [model.kwargs]")
+    ap.add_argument("--data-options", help="JSON object of dataset options [data.options]")
+    ap.add_argument("--log-json", action="store_true", default=None, help="JSON log lines [server.log_json]")
+    ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="[server.log_level]")
+    ap.add_argument("--linger", type=float, default=2.0,
+                    help="seconds to keep answering after the last round so clients learn it finished")
+    ap.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
+    return ap
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    overrides = [parse_override(s) for s in args.set]
+    for flag, (path, _, _) in _FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append((path.split("."), value))
+    for flag, path in (("model_kwargs", "model.kwargs"), ("data_options", "data.options")):
+        raw = getattr(args, flag)
+        if raw is not None:
+            try:
+                overrides.append((path.split("."), json.loads(raw)))
+            except json.JSONDecodeError as e:
+                raise ConfigError(path, f"--{flag.replace('_', '-')} is not valid JSON: {e}") from None
+    if args.log_json is not None:
+        overrides.append((["server", "log_json"], True))
+    if args.log_level is not None:
+        overrides.append((["server", "log_level"], args.log_level))
+    return build_config(ServerConfig, args.config, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+        from fedcore.models import build_model  # validate the model before listening
+
+        build_model(config.model.name, config.model.kwargs)
+    except (ConfigError, ValueError) as e:
+        print(f"fedserver: configuration error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(json.dumps(to_dict(config), indent=2))
+        return 0
+    configure_logging(json=config.server.log_json, level=config.server.log_level)
+    from fedserver.app import serve
+
+    async def go() -> dict[str, Any]:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await serve(config, stop=stop, linger_s=args.linger)
+
+    try:
+        status = asyncio.run(go())
+    except OSError as e:
+        print(f"fedserver: {e}", file=sys.stderr)
+        return 1
+    if status.get("outcome") == "stalled":
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
