@@ -57,6 +57,8 @@ class ClientSummary:
     updates_accepted: int = 0
     updates_rejected: int = 0
     reconnects: int = 0
+    # Joins after the first one (the server had forgotten the session, e.g. it restarted).
+    rejoins: int = 0
     last_round: int = 0
     finished: bool = False
     history: list[dict[str, float]] = field(default_factory=list)
@@ -250,6 +252,8 @@ class FedClient:
             reply: pb.JoinReply = self._retrying("join", do_join)
         except grpc.RpcError as e:
             raise FedClientError(f"join refused: {e.code()}: {e.details()}") from None
+        if self._session or self._fed is not None:
+            self.summary.rejoins += 1
         self._session = reply.session_id
         self._fed = reply.config
         self._heartbeat_s = reply.heartbeat_interval_s or 5.0

@@ -1,0 +1,118 @@
+"""Aggregation configuration, its validation, and the result type every aggregator returns."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+class TooFewUpdatesError(ValueError):
+    """A rule's parameters cannot work with the number of updates actually received this round.
+
+    Raised by :meth:`Aggregator.finalize` when a round closed at its deadline with fewer updates than the
+    rule needs (e.g. Krum with ``krum_f = 3`` needs more than ``2*3 + 2 = 8`` updates). Validate the config
+    with ``config.validate(k, min_updates=...)`` to rule this out at configuration time.
+    """
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """Everything the server's aggregation pipeline (validate -> clip -> rule -> noise) needs.
+
+    Every parameter is checked by :meth:`validate`; errors name the field.
+    """
+
+    # Aggregation rule, by registered name: fedavg, median, trimmed_mean, krum, multi_krum, bulyan, knorm.
+    rule: str = "fedavg"
+    # FedAvg, and the averaging step of multi_krum / knorm: weight each update by its sample count n_i
+    # (FL-GUARD) or take the plain mean (LINDT). LINDT Eq. 4 (server-side DP) is the plain mean: set False
+    # to reproduce it exactly. median, trimmed_mean, krum and bulyan ignore weights.
+    weighted: bool = True
+    # trimmed_mean: drop the trim_m largest and trim_m smallest values of every coordinate, or a fraction
+    # (floor(trim_fraction * n) per side, n = updates received). Set at most one; neither means fraction 0.1.
+    trim_m: int | None = None
+    trim_fraction: float | None = None
+    # krum, multi_krum, bulyan: number f of assumed Byzantine clients.
+    krum_f: int = 1
+    # multi_krum: number m of best-scored updates to average; None keeps n - f.
+    multi_krum_m: int | None = None
+    # knorm: discard the knorm_k updates with the largest L2 norms, average the rest.
+    knorm_k: int = 1
+    # Server-side DP (LINDT Eq. 4): clip every update to L2 norm clip_norm (S); None disables clipping.
+    clip_norm: float | None = None
+    # Server-side DP: std sigma of the Gaussian noise N(0, sigma^2 I) added to the aggregate step; 0 = none.
+    noise_sigma: float = 0.0
+    # Hard ceiling on an update's L2 norm: a larger (or non-finite) update is rejected, never averaged in.
+    max_update_norm: float = 1e6
+    # FedAvg only: keep every update in a [K, P] buffer so w_div is exact (otherwise FedAvg streams with
+    # memory independent of K and w_div is estimated from a sketch; see sketch_dim).
+    exact_metrics: bool = False
+    # Streaming FedAvg: width of the per-update CountSketch used to estimate w_div (relative error of each
+    # ||u_i - g|| about 1/sqrt(2 * sketch_dim)); 0 = do not estimate w_div (nor delta) in streaming mode.
+    sketch_dim: int = 4093
+    sketch_seed: int = 0
+    # make_aggregator refuses a rule/K/P combination whose working memory exceeds this; 0 = no check.
+    memory_budget_bytes: int = 0
+
+    def validate(self, k: int, min_updates: int | None = None) -> AggregationConfig:
+        """Refuse impossible parameters for rounds of ``k`` updates (and, if given, as few as ``min_updates``).
+
+        Raises :class:`ValueError` whose message starts with the offending field's name.
+        """
+        from fedcore.aggregation.rules import build_rule, rule_names
+
+        if self.rule not in rule_names():
+            raise ValueError(f"rule: unknown aggregation rule {self.rule!r}; known: {', '.join(rule_names())}")
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k: the number of updates per round must be an integer >= 1, got {k!r}")
+        if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ValueError(f"clip_norm: must be a finite number > 0 (or None for no clipping), got {self.clip_norm}")
+        if not (math.isfinite(self.noise_sigma) and self.noise_sigma >= 0):
+            raise ValueError(f"noise_sigma: must be a finite number >= 0, got {self.noise_sigma}")
+        if math.isnan(self.max_update_norm) or self.max_update_norm <= 0:
+            raise ValueError(f"max_update_norm: must be > 0 (inf = no ceiling), got {self.max_update_norm}")
+        if self.trim_m is not None and self.trim_fraction is not None:
+            raise ValueError(f"trim_m: set trim_m or trim_fraction, not both (got trim_m={self.trim_m}, "
+                             f"trim_fraction={self.trim_fraction})")
+        if self.trim_m is not None and self.trim_m < 0:
+            raise ValueError(f"trim_m: must be >= 0, got {self.trim_m}")
+        if self.trim_fraction is not None and not (0.0 <= self.trim_fraction < 0.5):
+            raise ValueError(f"trim_fraction: must be in [0, 0.5), got {self.trim_fraction}")
+        if self.krum_f < 0:
+            raise ValueError(f"krum_f: must be >= 0, got {self.krum_f}")
+        if self.multi_krum_m is not None and self.multi_krum_m < 1:
+            raise ValueError(f"multi_krum_m: must be >= 1 (or None for n - f), got {self.multi_krum_m}")
+        if self.knorm_k < 0:
+            raise ValueError(f"knorm_k: must be >= 0, got {self.knorm_k}")
+        if self.sketch_dim < 0:
+            raise ValueError(f"sketch_dim: must be >= 0 (0 = no w_div estimate when streaming), got {self.sketch_dim}")
+        if self.memory_budget_bytes < 0:
+            raise ValueError(f"memory_budget_bytes: must be >= 0 (0 = unchecked), got {self.memory_budget_bytes}")
+        rule = build_rule(self)
+        rule.check(k)
+        if min_updates is not None and 1 <= min_updates < k:
+            try:
+                rule.check(min_updates)
+            except ValueError as e:
+                raise ValueError(f"{e} (rounds may close with as few as min_updates={min_updates} updates)") from None
+        return self
+
+
+@dataclass
+class AggregationResult:
+    """The new global model and what happened on the way.
+
+    ``metrics`` (all floats; see :mod:`fedcore.aggregation.metrics` for exact definitions): num_updates,
+    num_rejected, num_clipped, num_excluded, num_trimmed_per_coord, update_norm_mean/max/min,
+    aggregate_update_norm, rule_update_norm, noise_norm, and — when available — w_div, delta, w_div_exact.
+    """
+
+    new_global: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    # Reasons of the updates refused by the aggregator's validation this round, in arrival order.
+    rejected: list[str] = field(default_factory=list)
+    # Positions (in order of acceptance) of the updates the rule kept whole; None for rules that keep all
+    # updates or work coordinate-wise (fedavg, median, trimmed_mean).
+    selected: tuple[int, ...] | None = None

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import torch
+
+from fedcore.config import ServerConfig, build_config
+from fedcore.serialization import pack
+from fedguard import wire
+from fedguard.v1 import fedguard_pb2 as pb
+from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
+
+
+def server_config(tmp_path: Any, **sections: dict[str, Any]) -> ServerConfig:
+    overrides: list[tuple[list[str], Any]] = [(["server", "address"], "127.0.0.1:0"),
+                                              (["server", "run_dir"], str(tmp_path / "run"))]
+    for section, values in sections.items():
+        for k, v in values.items():
+            overrides.append(([section, k], v))
+    return build_config(ServerConfig, None, overrides)
+
+
+def stub(address: str) -> tuple[grpc.Channel, pb_grpc.FederationStub]:
+    ch = grpc.insecure_channel(address)
+    return ch, pb_grpc.FederationStub(ch)
+
+
+def update_messages(session: str, round_: int, state: dict[str, torch.Tensor], num_samples: int = 10,
+                    extra_bytes: bytes = b"", announce: int | None = None, chunk: int = 4096,
+                    **header: Any) -> Iterator[pb.UpdateMessage]:
+    manifest, payload = pack(state)
+    data = bytes(payload) + extra_bytes
+    yield pb.UpdateMessage(header=pb.UpdateHeader(
+        session_id=session, round=round_, num_samples=num_samples, train_loss=header.pop("train_loss", 0.5),
+        kind=pb.WEIGHTS, tensors=wire.metas_to_pb(manifest),
+        total_bytes=len(payload) if announce is None else announce, **header))
+    for off in range(0, len(data), chunk):
+        yield pb.UpdateMessage(chunk=pb.Chunk(offset=off, data=data[off:off + chunk]))
+
+
+def pull_model(s: pb_grpc.FederationStub, session: str, max_wait: float = 5.0) -> tuple[
+    pb.TaskHeader | pb.Wait, dict[str, torch.Tensor] | None
+]:
+    from fedcore.serialization import Reassembler
+
+    msgs = list(s.PullTask(pb.PullTaskRequest(session_id=session, max_wait_s=max_wait), timeout=max_wait + 10))
+    if msgs[0].WhichOneof("kind") == "wait":
+        return msgs[0].wait, None
+    h = msgs[0].header
+    asm = Reassembler(wire.metas_from_pb(h.tensors), h.total_bytes)
+    for m in msgs[1:]:
+        asm.feed(m.chunk.offset, m.chunk.data)
+    return h, asm.finish()

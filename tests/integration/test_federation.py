@@ -1,0 +1,155 @@
+"""A real federation over gRPC on loopback: server thread plus FedClient threads."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from fedclient import ClientConfig, FedClient, FedClientError
+from fedcore.models import build_model
+from fedcore.serialization import load_state
+from fedguard.v1 import fedguard_pb2 as pb
+from fedserver import ServerThread
+from tests.integration.helpers import server_config, stub
+
+
+def _client(address: str, i: int, **kw: object) -> FedClient:
+    return FedClient(ClientConfig(server=address, client_id=f"client-{i}", data_index=i, long_poll_s=5.0,
+                                  **kw))  # type: ignore[arg-type]
+
+
+def test_five_clients_three_rounds_accuracy_rises(tmp_path: Path) -> None:
+    cfg = server_config(tmp_path, rounds={"num_rounds": 3, "clients_per_round": 5},
+                        training={"local_epochs": 2, "learning_rate": 0.05})
+    srv = ServerThread(cfg, linger_s=1.0).start()
+    clients = [_client(srv.address, i).start() for i in range(5)]
+    status = srv.wait(120)
+    summaries = [c.join(30) for c in clients]
+    assert status is not None and status["finished"] and status["outcome"] == "completed"
+    hist = status["history"]
+    assert [h["round"] for h in hist] == [1, 2, 3]
+    assert all(h["accepted"] == 5 and h["rejected"] == 0 for h in hist)
+    # Round r's accuracy is that of w^{r-1} on the clients' local test splits: it must rise.
+    acc = [h["mean_test_accuracy"] for h in hist]
+    assert acc[2] > acc[0] + 0.1, acc
+    assert hist[2]["mean_train_loss"] < hist[0]["mean_train_loss"]
+    assert all(s.finished and s.rounds_trained == 3 and s.updates_accepted == 3 for s in summaries)
+    final, extra = load_state(tmp_path / "run" / "final_model.fgt")
+    assert extra["rounds"] == 3
+    assert not all(torch.equal(final[k], v) for k, v in build_model("mlp", seed=0).state_dict().items())
+    lines = (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+
+
+def test_status_and_health_services(tmp_path: Path) -> None:
+    cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 2})
+    srv = ServerThread(cfg, linger_s=0.2).start()
+    try:
+        ch, s = stub(srv.address)
+        st = s.GetStatus(pb.StatusRequest(), timeout=5)
+        assert st.round == 1 and st.phase == "sampling" and st.num_rounds == 1 and st.clients_known == 0
+        h = health_pb2_grpc.HealthStub(ch)
+        for name in ("", "fedguard.v1.Federation"):
+            resp = h.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        s.Join(pb.JoinRequest(client_id="x"), timeout=5)
+        assert s.GetStatus(pb.StatusRequest(), timeout=5).clients_known == 1
+        ch.close()
+    finally:
+        srv.stop()
+
+
+def test_embedded_client_runs_in_a_thread_and_stops_cleanly(tmp_path: Path) -> None:
+    cfg = server_config(tmp_path, rounds={"num_rounds": 1000, "clients_per_round": 1})
+    srv = ServerThread(cfg, linger_s=0.2).start()
+    try:
+        client = _client(srv.address, 0).start()
+        deadline = time.monotonic() + 30
+        while client.summary.updates_accepted < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.summary.updates_accepted >= 2
+        t0 = time.monotonic()
+        client.stop(timeout=10)
+        assert not client.running
+        assert time.monotonic() - t0 < 5
+        assert not client.summary.finished
+        # It left: the server no longer counts it as alive.
+        assert srv.call(lambda: srv.coordinator.state.clients["client-0"].alive) is False  # type: ignore[union-attr]
+    finally:
+        srv.stop()
+
+
+def test_client_refuses_a_model_that_does_not_match_the_federation(tmp_path: Path) -> None:
+    cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 1})
+    srv = ServerThread(cfg, linger_s=0.2).start()
+    try:
+        c = FedClient(ClientConfig(server=srv.address, client_id="odd"), model=build_model("mlp", {"hidden": [8]}))
+        with pytest.raises(FedClientError, match="model mismatch.*fingerprint"):
+            c.run()
+    finally:
+        srv.stop()
+
+
+def test_client_gives_up_clearly_when_no_server_answers() -> None:
+    c = FedClient(ClientConfig(server="127.0.0.1:9", give_up_after_s=1.0, backoff_initial_s=0.05,
+                               backoff_max_s=0.2))
+    t0 = time.monotonic()
+    with pytest.raises(FedClientError, match="unreachable"):
+        c.run()
+    assert time.monotonic() - t0 < 10
+    assert c.summary.reconnects >= 2
+
+
+def test_client_rejoins_after_the_server_restarts(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    first = server_config(tmp_path, server={"address": f"127.0.0.1:{port}"},
+                          rounds={"num_rounds": 1000, "clients_per_round": 1})
+    srv = ServerThread(first, linger_s=0.1).start()
+    client = FedClient(ClientConfig(server=f"127.0.0.1:{port}", client_id="phoenix", long_poll_s=1.0,
+                                    backoff_initial_s=0.05, backoff_max_s=0.5)).start()
+    deadline = time.monotonic() + 30
+    while client.summary.updates_accepted < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    srv.stop()
+    second = server_config(tmp_path / "b", server={"address": f"127.0.0.1:{port}"},
+                           rounds={"num_rounds": 2, "clients_per_round": 1})
+    srv2 = ServerThread(second, linger_s=1.0).start()
+    status = srv2.wait(60)
+    client.join(30)
+    assert status is not None and status["outcome"] == "completed"
+    assert client.summary.finished and client.summary.rejoins >= 1
+    assert "phoenix" in srv2.coordinator.state.clients  # type: ignore[union-attr]
+
+
+def test_unreachable_min_clients_stalls_instead_of_waiting_forever(tmp_path: Path) -> None:
+    cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 3, "sampling_timeout_s": 0.5})
+    srv = ServerThread(cfg, linger_s=0.1).start()
+    status = srv.wait(30)
+    assert status is not None and status["outcome"] == "stalled" and status["finished"]
+    assert math.isclose(len(status["history"]), 0)
+
+
+def test_unknown_session_is_unauthenticated(tmp_path: Path) -> None:
+    cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 1})
+    srv = ServerThread(cfg, linger_s=0.1).start()
+    try:
+        ch, s = stub(srv.address)
+        for call in (lambda: s.Heartbeat(pb.HeartbeatRequest(session_id="nope"), timeout=5),
+                     lambda: list(s.PullTask(pb.PullTaskRequest(session_id="nope"), timeout=5)),
+                     lambda: s.Leave(pb.LeaveRequest(session_id="nope"), timeout=5)):
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        ch.close()
+    finally:
+        srv.stop()

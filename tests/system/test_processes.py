@@ -1,0 +1,94 @@
+"""Real processes: the ``fedserver`` and ``fedclient`` console scripts talking over loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedcore.serialization import load_state
+
+pytestmark = pytest.mark.system
+
+
+def _exe(name: str) -> list[str]:
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    if found is None:
+        pytest.skip(f"console script {name!r} is not installed (pip install -e .)")
+    return [found]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def test_server_and_two_client_processes_complete(tmp_path: Path) -> None:
+    port = _free_port()
+    run_dir = tmp_path / "run"
+    server = subprocess.Popen(
+        [*_exe("fedserver"), "--address", f"127.0.0.1:{port}", "--rounds", "3", "-k", "2", "--run-dir",
+         str(run_dir), "--log-json", "--linger", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    clients = [subprocess.Popen(
+        [*_exe("fedclient"), "--server", f"127.0.0.1:{port}", "--client-id", f"proc-{i}", "--data-index", str(i),
+         "--torch-threads", "1", "--log-json"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env()) for i in range(2)]
+    try:
+        server_out, _ = server.communicate(timeout=120)
+        client_outs = [c.communicate(timeout=60)[0] for c in clients]
+    finally:
+        for p in (server, *clients):
+            if p.poll() is None:
+                p.kill()
+    assert server.returncode == 0, server_out
+    assert all(c.returncode == 0 for c in clients), client_outs
+    events = [json.loads(line) for line in server_out.splitlines() if line.startswith("{")]
+    names = [e["event"] for e in events]
+    assert names.count("round.completed") == 3 and "federation.finished" in names
+    assert all(e["accepted"] == 2 for e in events if e["event"] == "round.completed")
+    for out in client_outs:
+        assert any(json.loads(line)["event"] == "client.finished" for line in out.splitlines()
+                   if line.startswith("{"))
+    state, extra = load_state(run_dir / "final_model.fgt")
+    assert extra["rounds"] == 3 and state
+
+
+def test_server_refuses_bad_config_naming_the_field(tmp_path: Path) -> None:
+    r = subprocess.run([*_exe("fedserver"), "-k", "0", "--run-dir", str(tmp_path)], capture_output=True, text=True,
+                       timeout=60, env=_env())
+    assert r.returncode == 2
+    assert "rounds.clients_per_round: must be >= 1, got 0" in r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rounds]\nclients_per_rnd = 3\n")
+    r = subprocess.run([*_exe("fedserver"), "--config", str(bad)], capture_output=True, text=True, timeout=60,
+                       env=_env())
+    assert r.returncode == 2 and "rounds.clients_per_rnd: unknown field" in r.stderr
+    r = subprocess.run([*_exe("fedserver"), "--model", "nonexistent_model"], capture_output=True, text=True,
+                       timeout=60, env=_env())
+    assert r.returncode == 2 and "unknown model 'nonexistent_model'" in r.stderr
+
+
+def test_client_process_exits_2_on_model_mismatch(tmp_path: Path) -> None:
+    port = _free_port()
+    server = subprocess.Popen([*_exe("fedserver"), "--address", f"127.0.0.1:{port}", "--rounds", "1", "-k", "1",
+                               "--run-dir", str(tmp_path / "run"), "--round-timeout", "5"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
+    try:
+        r = subprocess.run([*_exe("fedclient"), "--server", f"127.0.0.1:{port}", "--model", "logreg"],
+                           capture_output=True, text=True, timeout=60, env=_env())
+        assert r.returncode == 2 and "model mismatch" in r.stderr
+    finally:
+        server.kill()
+        server.wait()

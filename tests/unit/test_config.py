@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedcore.config import (
+    ClientConfig,
+    ConfigError,
+    ServerConfig,
+    build_config,
+    parse_override,
+)
+
+
+def test_defaults_are_valid() -> None:
+    ServerConfig().validate()
+    ClientConfig().validate()
+
+
+def test_toml_then_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "fed.toml"
+    f.write_text('[rounds]\nnum_rounds = 7\nclients_per_round = 4\n[model]\nname = "mlp"\n'
+                 '[model.kwargs]\nhidden = [32, 16]\n[training]\nlearning_rate = 0.1\n')
+    cfg = build_config(ServerConfig, f, [parse_override("rounds.num_rounds=9"), (["server", "address"], "0.0.0.0:1")])
+    assert cfg.rounds.num_rounds == 9 and cfg.rounds.clients_per_round == 4
+    assert cfg.model.kwargs == {"hidden": [32, 16]}
+    assert cfg.training.learning_rate == 0.1
+    assert cfg.server.address == "0.0.0.0:1"
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ("rounds.clients_per_round=0", "rounds.clients_per_round"),
+    ("rounds.num_rounds=-1", "rounds.num_rounds"),
+    ("rounds.min_updates=11", "rounds.min_updates"),
+    ("rounds.over_select=0.5", "rounds.over_select"),
+    ("training.learning_rate=0", "training.learning_rate"),
+    ("training.batch_size=0", "training.batch_size"),
+    ("server.address='nohost'", "server.address"),
+    ("server.heartbeat_patience_s=1", "server.heartbeat_patience_s"),
+    ("server.chunk_bytes=10", "server.chunk_bytes"),
+    ("rounds.bogus=1", "rounds.bogus"),
+    ("rounds.num_rounds='ten'", "rounds.num_rounds"),
+    ("training.learning_rate=true", "training.learning_rate"),
+    ("nosuchsection.x=1", "nosuchsection"),
+])
+def test_bad_values_name_their_field(override: str, field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        build_config(ServerConfig, None, [parse_override(override)])
+    assert e.value.field == field
+    assert str(e.value).startswith(field + ":")
+
+
+def test_bad_toml_file_is_reported(tmp_path: Path) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text("[rounds\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        build_config(ServerConfig, f)
+    with pytest.raises(ConfigError, match="file not found"):
+        build_config(ServerConfig, tmp_path / "missing.toml")
+
+
+def test_override_values_are_toml_literals() -> None:
+    assert parse_override("a.b=3") == (["a", "b"], 3)
+    assert parse_override("a.b=0.5") == (["a", "b"], 0.5)
+    assert parse_override("a.b=true") == (["a", "b"], True)
+    assert parse_override("a.b=word") == (["a", "b"], "word")
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+    with pytest.raises(ConfigError):
+        parse_override("novalue")
+
+
+def test_client_config_validation() -> None:
+    with pytest.raises(ConfigError, match="trainer"):
+        ClientConfig(trainer="magic").validate()
+    with pytest.raises(ConfigError, match="backoff_initial_s"):
+        ClientConfig(backoff_initial_s=5, backoff_max_s=1).validate()

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from fedclient.client import Backoff
+from fedcore.aggregation import AggregationConfig, make_aggregator
+from fedcore.config import TrainingConfig
+from fedcore.data import DataError, load_client_data
+from fedcore.models import ModelError, build_model, model_fingerprint
+from fedcore.train import evaluate, train_local
+
+
+def test_weighted_fedavg_equals_hand_computation() -> None:
+    glob = torch.tensor([1.0, 1.0, 1.0])
+    w1, w2, w3 = torch.tensor([2.0, 0.0, 1.0]), torch.tensor([0.0, 4.0, 1.0]), torch.tensor([1.0, 1.0, 7.0])
+    agg = make_aggregator(AggregationConfig(), num_params=3, k=3)
+    for w, n in ((w1, 10), (w2, 30), (w3, 60)):
+        agg.add(w - glob, n)
+    out = agg.finalize(glob).new_global
+    # sum n_i w_i / sum n_i = (10*w1 + 30*w2 + 60*w3) / 100
+    expected = torch.tensor([(20 + 0 + 60) / 100, (0 + 120 + 60) / 100, (10 + 30 + 420) / 100])
+    torch.testing.assert_close(out, expected)
+
+
+def test_plain_mean_fedavg() -> None:
+    agg = make_aggregator(AggregationConfig(weighted=False), num_params=2, k=2)
+    agg.add(torch.tensor([1.0, 0.0]), 1)
+    agg.add(torch.tensor([3.0, 2.0]), 99)
+    torch.testing.assert_close(agg.finalize(torch.zeros(2)).new_global, torch.tensor([2.0, 1.0]))
+
+
+def test_backoff_grows_exponentially_with_full_jitter_and_caps() -> None:
+    b = Backoff(0.1, 1.0, random.Random(0))
+    caps = [min(1.0, 0.1 * 2**i) for i in range(8)]
+    delays = [b.next_delay() for _ in range(8)]
+    assert all(0 <= d <= c for d, c in zip(delays, caps, strict=True))
+    assert max(delays[5:]) > 0.2  # it does grow
+    b.reset()
+    assert b.next_delay() <= 0.1
+
+
+def test_synthetic_shards_are_deterministic_and_differ_by_client() -> None:
+    a = load_client_data("synthetic", 3, seed=1)
+    b = load_client_data("synthetic", 3, seed=1)
+    c = load_client_data("synthetic", 4, seed=1)
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
+    assert not torch.equal(a.x_train[:5], c.x_train[:5])
+    assert a.x_train.shape[1] == 60 and int(a.y_train.max()) < 10
+    n = len(a.y_train) + len(a.y_test)
+    assert abs(len(a.y_test) - 0.1 * n) <= 1
+
+
+def test_unknown_dataset_model_and_bad_options_are_clear() -> None:
+    with pytest.raises(DataError, match="unknown dataset 'nope'"):
+        load_client_data("nope", 0, 0)
+    with pytest.raises(DataError, match="rejected its options"):
+        load_client_data("synthetic", 0, 0, {"colour": "blue"})
+    with pytest.raises(DataError, match="alpha and beta"):
+        load_client_data("synthetic", 0, 0, {"alpha": -1})
+    with pytest.raises(ModelError, match="unknown model 'nope'"):
+        build_model("nope")
+    with pytest.raises(ModelError, match="cannot import"):
+        build_model("no_such_module_xyz:make")
+    with pytest.raises(ModelError, match="rejected its arguments"):
+        build_model("mlp", {"wings": 2})
+
+
+def test_custom_factory_by_import_path() -> None:
+    m = build_model("torch.nn:Linear", {"in_features": 3, "out_features": 2})
+    assert isinstance(m, torch.nn.Linear)
+
+
+def test_seeded_models_are_identical_and_fingerprint_tracks_shapes() -> None:
+    a, b = build_model("mlp", seed=3), build_model("mlp", seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert model_fingerprint(a) == model_fingerprint(b)
+    assert model_fingerprint(a) != model_fingerprint(build_model("mlp", {"hidden": [32]}))
+
+
+def test_local_training_lowers_loss() -> None:
+    torch.manual_seed(0)
+    data = load_client_data("synthetic", 0, seed=0, options={"min_samples": 200})
+    model = build_model("mlp", seed=0)
+    before = evaluate(model, data.x_train, data.y_train)
+    res = train_local(model, data.x_train, data.y_train, TrainingConfig(local_epochs=3, learning_rate=0.05))
+    after = evaluate(model, data.x_train, data.y_train)
+    assert res.steps == 3 * -(-len(data.y_train) // 10)
+    assert after.loss < before.loss
+
+
+def test_fedprox_term_keeps_weights_closer_to_the_start() -> None:
+    data = load_client_data("synthetic", 0, seed=0, options={"min_samples": 200})
+    start = build_model("mlp", seed=0)
+
+    def drift(mu: float) -> float:
+        m = build_model("mlp", seed=0)
+        train_local(m, data.x_train, data.y_train, TrainingConfig(local_epochs=2, learning_rate=0.1, prox_mu=mu))
+        return sum(float((p.detach() - q.detach()).norm() ** 2) for p, q in zip(m.parameters(), start.parameters(), strict=True))
+
+    assert drift(5.0) < drift(0.0)

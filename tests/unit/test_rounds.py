@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedcore import rounds as rm
+from fedcore.config import RoundsConfig
+
+LIMITS = rm.Limits(heartbeat_patience_s=30.0)
+
+
+def _machine(n_clients: int, cfg: RoundsConfig, now: float = 0.0) -> rm.RoundState:
+    s = rm.RoundState(phase_since=now)
+    for i in range(n_clients):
+        s, _ = rm.step(s, rm.Joined(f"c{i}", now, num_samples=10), cfg, LIMITS)
+    return s
+
+
+def _events(s: rm.RoundState, obs: rm.Observation, cfg: RoundsConfig) -> list[rm.Event]:
+    _, ev = rm.step(s, obs, cfg, LIMITS)
+    return ev
+
+
+def test_round_starts_when_enough_clients_are_available() -> None:
+    cfg = RoundsConfig(num_rounds=2, clients_per_round=3)
+    s = rm.RoundState()
+    s, ev = rm.step(s, rm.Joined("a", 0.0), cfg, LIMITS)
+    s, ev = rm.step(s, rm.Joined("b", 0.0), cfg, LIMITS)
+    assert s.phase == rm.SAMPLING and ev == []
+    s, ev = rm.step(s, rm.Joined("c", 1.0), cfg, LIMITS)
+    assert s.phase == rm.TRAINING
+    assert ev == [rm.RoundStarted(1, 0, ("a", "b", "c"), 1.0 + cfg.round_timeout_s)]
+
+
+def test_selection_is_seeded_and_uniform_without_replacement() -> None:
+    pool = [f"c{i}" for i in range(100)]
+    a = rm.select_clients(pool, 10, seed=7, round_=3, attempt=0)
+    assert a == rm.select_clients(list(reversed(pool)), 10, seed=7, round_=3, attempt=0)
+    assert len(set(a)) == 10
+    assert a != rm.select_clients(pool, 10, seed=7, round_=4, attempt=0)
+    assert a != rm.select_clients(pool, 10, seed=8, round_=3, attempt=0)
+    counts = dict.fromkeys(pool, 0)
+    for r in range(400):
+        for c in rm.select_clients(pool, 10, seed=1, round_=r, attempt=0):
+            counts[c] += 1
+    assert min(counts.values()) > 15 and max(counts.values()) < 70  # mean 40
+
+
+def test_first_k_updates_close_the_round_and_late_ones_are_refused() -> None:
+    cfg = RoundsConfig(num_rounds=3, clients_per_round=2, over_select=2.0, min_available=4)
+    s = _machine(4, cfg)
+    assert len(s.selected) == 4
+    first, second, late = s.selected[0], s.selected[1], s.selected[2]
+    s, ev = rm.step(s, rm.UpdateAccepted(first, 1, 1.0), cfg, LIMITS)
+    assert ev == [] and s.phase == rm.TRAINING
+    s, ev = rm.step(s, rm.UpdateAccepted(second, 1, 2.0), cfg, LIMITS)
+    assert ev == [rm.RoundClosed(1, (first, second), "quorum")]
+    assert rm.admission(s, late, 1) == "round 1 is closed"
+    s, ev = rm.step(s, rm.Aggregated(1, 3.0), cfg, LIMITS)
+    assert s.round == 2 and s.phase == rm.TRAINING
+    assert isinstance(ev[0], rm.RoundStarted) and ev[0].round == 2
+    assert rm.admission(s, late, 1) == "update for round 1, but the current round is 2"
+
+
+def test_admission_refuses_unselected_and_duplicate_updates() -> None:
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=2, min_available=3)
+    s = _machine(3, cfg)
+    outsider = next(c for c in ["c0", "c1", "c2"] if c not in s.selected)
+    assert rm.admission(s, outsider, 1) == "client was not selected for round 1"
+    c = s.selected[0]
+    s, _ = rm.step(s, rm.UpdateAccepted(c, 1, 1.0), cfg, LIMITS)
+    assert "already accepted" in (rm.admission(s, c, 1) or "")
+
+
+def test_deadline_with_enough_updates_aggregates_otherwise_the_round_is_rerun() -> None:
+    cfg = RoundsConfig(num_rounds=2, clients_per_round=3, min_updates=2, round_timeout_s=10.0)
+    s = _machine(3, cfg)
+    s, _ = rm.step(s, rm.UpdateAccepted(s.selected[0], 1, 1.0), cfg, LIMITS)
+    s, ev = rm.step(s, rm.Tick(10.5), cfg, LIMITS)
+    assert ev[0] == rm.RoundAbandoned(1, 0, 1, 2)
+    assert s.round == 1 and s.attempt == 1 and s.phase == rm.TRAINING  # re-run at once with a fresh draw
+    s, _ = rm.step(s, rm.UpdateAccepted(s.selected[0], 1, 11.0), cfg, LIMITS)
+    s, _ = rm.step(s, rm.UpdateAccepted(s.selected[1], 1, 12.0), cfg, LIMITS)
+    s, ev = rm.step(s, rm.Tick(21.0), cfg, LIMITS)
+    assert ev == [rm.RoundClosed(1, tuple(s.accepted), "deadline")]
+
+
+def test_rejected_and_dead_clients_do_not_hold_a_round() -> None:
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=3, min_updates=1)
+    s = _machine(3, cfg)
+    a, b, c = s.selected
+    s, _ = rm.step(s, rm.UpdateAccepted(a, 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step(s, rm.UpdateRejected(b, 1, "bad tensor", 1.0), cfg, LIMITS)
+    assert s.rejected_in_round == 1 and s.rejected_total == 1
+    s, ev = rm.step(s, rm.Left(c, 2.0), cfg, LIMITS)
+    assert ev == [rm.RoundClosed(1, (a,), "all_responded")]
+
+
+def test_silent_clients_are_dropped_on_tick_and_come_back_on_join() -> None:
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=2)
+    s = _machine(2, cfg)
+    s, _ = rm.step(s, rm.Seen("c0", 25.0), cfg, LIMITS)
+    s, ev = rm.step(s, rm.Tick(31.0), cfg, LIMITS)
+    assert rm.ClientDropped("c1", 31.0) in ev
+    assert s.alive_ids() == ["c0"]
+    s, _ = rm.step(s, rm.Joined("c1", 32.0), cfg, LIMITS)
+    assert s.alive_ids() == ["c0", "c1"]
+
+
+def test_sampling_timeout_stalls_the_federation_instead_of_waiting_forever() -> None:
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=5, min_updates=2, sampling_timeout_s=60.0)
+    s = _machine(1, cfg)
+    s, ev = rm.step(s, rm.Tick(61.0), cfg, rm.Limits(heartbeat_patience_s=100.0))
+    assert s.phase == rm.FINISHED and s.outcome == "stalled"
+    assert ev == [rm.FederationFinished(0, "stalled")]
+
+
+def test_sampling_timeout_starts_a_smaller_round_when_min_updates_are_there() -> None:
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=5, min_updates=2, sampling_timeout_s=60.0)
+    s = _machine(3, cfg)
+    assert s.phase == rm.SAMPLING
+    s, ev = rm.step(s, rm.Tick(61.0), cfg, rm.Limits(heartbeat_patience_s=100.0))
+    assert isinstance(ev[0], rm.RoundStarted) and len(ev[0].selected) == 3
+
+
+def test_last_round_finishes_the_federation() -> None:
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=1)
+    s = _machine(1, cfg)
+    s, _ = rm.step(s, rm.UpdateAccepted("c0", 1, 1.0), cfg, LIMITS)
+    s, ev = rm.step(s, rm.Aggregated(1, 2.0), cfg, LIMITS)
+    assert ev == [rm.FederationFinished(1, "completed")]
+    assert s.completed_rounds == 1
+    assert rm.admission(s, "c0", 1) == "the federation has finished"
+
+
+def test_state_serializes_to_json_and_back() -> None:
+    cfg = RoundsConfig(num_rounds=3, clients_per_round=2)
+    s = _machine(3, cfg)
+    s, _ = rm.step(s, rm.UpdateAccepted(s.selected[0], 1, 1.0), cfg, LIMITS)
+    again = rm.RoundState.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert again == s
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_same_observations_give_same_events(seed: int) -> None:
+    cfg = RoundsConfig(num_rounds=3, clients_per_round=2, over_select=1.5, seed=seed)
+    runs = []
+    for _ in range(2):
+        s = _machine(6, cfg)
+        log = [tuple(s.selected)]
+        for r in (1, 2):
+            s, _ = rm.step(s, rm.UpdateAccepted(s.selected[0], r, r), cfg, LIMITS)
+            s, _ = rm.step(s, rm.UpdateAccepted(s.selected[1], r, r), cfg, LIMITS)
+            s, _ = rm.step(s, rm.Aggregated(r, r + 0.5), cfg, LIMITS)
+            log.append(tuple(s.selected))
+        runs.append(log)
+    assert runs[0] == runs[1]
