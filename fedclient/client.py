@@ -8,6 +8,7 @@ It reconnects with exponential backoff and full jitter, and re-joins when the se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
@@ -114,6 +115,7 @@ class FedClient:
         self._fed: pb.FederationConfig | None = None
         self._heartbeat_s = 5.0
         self._rng = random.Random(self.client_id)
+        self._busy = threading.Event()
         self._error: BaseException | None = None
 
     # ---- identity ----
@@ -138,6 +140,7 @@ class FedClient:
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
         self._open_channel()
+        threading.Thread(target=self._heartbeats, name=f"heartbeat-{self.client_id}", daemon=True).start()
         try:
             self._join_with_retry()
             self._loop()
@@ -189,7 +192,7 @@ class FedClient:
         opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
                 ("grpc.enable_retries", 0)]
         self._channel = grpc.insecure_channel(self.config.server, options=opts)
-        self._stub = pb_grpc.FederationStub(self._channel)
+        self._stub = pb_grpc.FederationStub(self._channel)  # type: ignore[no-untyped-call]
 
     def _check_stop(self) -> None:
         if self._stop.is_set():
@@ -246,7 +249,8 @@ class FedClient:
                                  capabilities=pb.Capabilities(
                                      num_train_samples=self.data.num_train if self.data else 0,
                                      version=VERSION))
-            return self._unary(self._stub.Join, req, timeout=30.0)
+            reply: pb.JoinReply = self._unary(self._stub.Join, req, timeout=30.0)
+            return reply
 
         try:
             reply: pb.JoinReply = self._retrying("join", do_join)
@@ -288,10 +292,8 @@ class FedClient:
     def _leave(self) -> None:
         if not self._session or self._stub is None:
             return
-        try:
+        with contextlib.suppress(grpc.RpcError):
             self._stub.Leave(pb.LeaveRequest(session_id=self._session, reason="done"), timeout=2.0)
-        except grpc.RpcError:
-            pass
         self._session = ""
 
     def _loop(self) -> None:
@@ -347,9 +349,7 @@ class FedClient:
         ev = evaluate(self.model, self.data.x_test, self.data.y_test)
         metrics = {"test_accuracy": ev.accuracy, "test_loss": ev.loss}
         started = time.monotonic()
-        stop_hb = threading.Event()
-        hb = threading.Thread(target=self._heartbeats, args=(stop_hb,), daemon=True)
-        hb.start()
+        self._busy.set()
         try:
             if self.config.trainer == "noop":
                 train_loss = ev.loss if ev.loss == ev.loss else 0.0
@@ -366,21 +366,26 @@ class FedClient:
             if self.config.straggler_delay_s:
                 self._sleep(self.config.straggler_delay_s)
         finally:
-            stop_hb.set()
+            self._busy.clear()
         metrics["train_seconds"] = time.monotonic() - started
         self.summary.rounds_trained += 1
         self.summary.last_round = round_
         self.summary.history.append({"round": float(round_), **metrics, "train_loss": train_loss})
         self._push(round_, train_loss, metrics)
 
-    def _heartbeats(self, stop: threading.Event) -> None:
-        while not stop.wait(self._heartbeat_s):
-            if self._stop.is_set() or self._stub is None:
+    def _heartbeats(self) -> None:
+        """While the client trains, tell the server every heartbeat interval that it is alive.
+
+        Polls and uploads count as contact too, so an idle (polling) client sends no heartbeats.
+        """
+        while not self._stop.is_set():
+            if not self._busy.wait(1.0):
+                continue
+            if self._stop.wait(self._heartbeat_s):
                 return
-            try:
-                self._stub.Heartbeat(pb.HeartbeatRequest(session_id=self._session), timeout=5.0)
-            except grpc.RpcError:
-                pass
+            if self._busy.is_set() and self._session and self._stub is not None:
+                with contextlib.suppress(grpc.RpcError):
+                    self._stub.Heartbeat(pb.HeartbeatRequest(session_id=self._session), timeout=5.0)
 
     def _push(self, round_: int, train_loss: float, metrics: dict[str, float]) -> None:
         assert self.model is not None and self._stub is not None and self.data is not None
@@ -392,12 +397,12 @@ class FedClient:
                 session_id=self._session, round=round_, num_samples=self.data.num_train if self.data else 0,
                 train_loss=train_loss, metrics=metrics, kind=pb.WEIGHTS,
                 tensors=wire.metas_to_pb(manifest), total_bytes=len(payload)))
-            for chunk in wire.chunk_messages(payload, chunk_bytes):
-                yield pb.UpdateMessage(chunk=chunk)
+            yield from wire.chunk_frames(payload, pb.UpdateMessage, chunk_bytes)
 
         def do_push() -> pb.PushReply:
             assert self._stub is not None
-            return self._unary(self._stub.PushUpdate, messages(), timeout=120.0)
+            reply: pb.PushReply = self._unary(self._stub.PushUpdate, messages(), timeout=120.0)
+            return reply
 
         try:
             self._retrying("push", do_push)

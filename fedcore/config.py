@@ -279,8 +279,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     if origin in (tuple, list) or tp in (tuple, list):
         if not isinstance(value, Sequence) or isinstance(value, str):
             raise ConfigError(path, f"expected a list, got {value!r}")
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        items = [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)] if args else list(value)
+        item_types = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        items = [_coerce(item_types[0], v, f"{path}[{i}]") for i, v in enumerate(value)] if item_types else list(value)
         return tuple(items) if (origin or tp) is tuple else items
     if tp is bool:
         if isinstance(value, bool):

@@ -231,9 +231,8 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
         s.rejected_in_round += 1
         if obs.round == s.round and s.phase == TRAINING and obs.client_id in s.selected:
             s.rejected.setdefault(obs.client_id, obs.reason)
-    elif isinstance(obs, Aggregated):
-        if s.phase == AGGREGATING and obs.round == s.round:
-            _next_round(s, obs.now, config, events)
+    elif isinstance(obs, Aggregated) and s.phase == AGGREGATING and obs.round == s.round:
+        _next_round(s, obs.now, config, events)
     _advance(s, obs.now, config, limits, events, check_liveness=isinstance(obs, Tick))
     return s, events
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -150,7 +151,8 @@ class Reassembler:
             )
         if max_bytes is not None and self.expected > max_bytes:
             raise SerializationError(f"payload of {self.expected} bytes exceeds the limit of {max_bytes}")
-        self._buf = bytearray(self.expected)
+        # Uninitialised: every byte is written by feed() before finish() accepts the buffer.
+        self._buf = np.empty(self.expected, dtype=np.uint8)
         self.received = 0
 
     def feed(self, offset: int, data: bytes | memoryview) -> None:
@@ -161,7 +163,7 @@ class Reassembler:
             raise SerializationError(
                 f"received more bytes than announced ({self.received + n} > {self.expected})"
             )
-        self._buf[offset : offset + n] = data
+        self._buf[offset : offset + n] = np.frombuffer(data, dtype=np.uint8)
         self.received += n
 
     def finish(self) -> dict[str, torch.Tensor]:
@@ -170,7 +172,7 @@ class Reassembler:
         return unpack(self.manifest, self._buf)
 
 
-def unpack(manifest: Sequence[TensorMeta], payload: bytearray) -> dict[str, torch.Tensor]:
+def unpack(manifest: Sequence[TensorMeta], payload: bytearray | np.ndarray) -> dict[str, torch.Tensor]:
     """Tensors viewing ``payload`` (no copy); ``payload`` must be exactly the manifest's size."""
     check_manifest(manifest)
     if len(payload) != total_bytes(manifest):

@@ -9,6 +9,7 @@ itself runs in a worker thread so heartbeats and polls keep being answered meanw
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import secrets
@@ -111,7 +112,10 @@ class Coordinator:
         self.state, events = rm.step(self.state, obs, self.config.rounds, self.limits)
         for ev in events:
             self._on_event(ev)
-        self._notify()
+        # Long-polls only care about a task becoming available or the federation ending; waking them for
+        # every accepted update would cost O(K^2) wake-ups per round.
+        if any(isinstance(ev, (rm.RoundStarted, rm.FederationFinished)) for ev in events):
+            self._notify()
 
     def _notify(self) -> None:
         self._wake.set()
@@ -210,10 +214,8 @@ class Coordinator:
             remaining = deadline - self.clock()
             if remaining <= 0:
                 return WaitInfo(0.0, False, "no task for this client yet")
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=remaining)
-            except asyncio.TimeoutError:
-                pass
             # The client is evidently alive while it waits.
             if session in self.sessions:
                 self.state.clients[cid].last_seen = self.clock()
@@ -343,10 +345,8 @@ class Coordinator:
             timeout = 0.25
             if self.state.phase == rm.TRAINING:
                 timeout = min(timeout, max(0.0, self.state.deadline - self.clock()) + 0.001)
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=timeout)
-            except asyncio.TimeoutError:
-                pass
             if self._agg_task is not None and self._agg_task.done():
                 exc = self._agg_task.exception()
                 self._agg_task = None

@@ -65,8 +65,8 @@ class FederationServicer(pb_grpc.FederationServicer):
         yield pb.TaskMessage(header=pb.TaskHeader(round=res.round, deadline_s=res.deadline_s,
                                                   tensors=wire.metas_to_pb(res.manifest), total_bytes=total,
                                                   recovery=res.recovery, learning_rate=res.learning_rate))
-        for chunk in wire.chunk_messages(res.payload, self.coord.config.server.chunk_bytes):
-            yield pb.TaskMessage(chunk=chunk)
+        for frame in wire.chunk_frames(res.payload, pb.TaskMessage, self.coord.config.server.chunk_bytes):
+            yield frame
 
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateMessage],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
@@ -143,7 +143,7 @@ def _json(obj: Any) -> str:
 
 def add_to_server(server: grpc.aio.Server, coordinator: Coordinator) -> health.aio.HealthServicer:
     """Register the federation service and the standard gRPC health service on ``server``."""
-    pb_grpc.add_FederationServicer_to_server(FederationServicer(coordinator), server)
+    pb_grpc.add_FederationServicer_to_server(FederationServicer(coordinator), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     return health_servicer

@@ -52,7 +52,8 @@ def available_datasets() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def load_client_data(dataset: str, client_index: int, seed: int, options: Mapping[str, Any] | None = None) -> ClientData:
+def load_client_data(dataset: str, client_index: int, seed: int,
+                     options: Mapping[str, Any] | None = None) -> ClientData:
     """The shard of client ``client_index``: deterministic in (dataset, options, seed, index)."""
     try:
         loader = _REGISTRY[dataset]

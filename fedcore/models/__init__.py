@@ -89,3 +89,6 @@ def mlp(in_features: int = 60, num_classes: int = 10, hidden: tuple[int, ...] | 
 def logreg(in_features: int = 60, num_classes: int = 10) -> nn.Module:
     """Multinomial logistic regression (the FedProx synthetic-task model)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
+
+
+from fedcore.models import zoo as _zoo  # noqa: E402,F401  (registers the model zoo)

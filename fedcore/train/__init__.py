@@ -65,7 +65,7 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Trai
             if anchor:
                 prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor, strict=True))
                 loss = loss + 0.5 * config.prox_mu * prox
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             if config.grad_clip_norm > 0:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
             opt.step()

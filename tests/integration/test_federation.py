@@ -90,7 +90,7 @@ def test_client_refuses_a_model_that_does_not_match_the_federation(tmp_path: Pat
     srv = ServerThread(cfg, linger_s=0.2).start()
     try:
         c = FedClient(ClientConfig(server=srv.address, client_id="odd"), model=build_model("mlp", {"hidden": [8]}))
-        with pytest.raises(FedClientError, match="model mismatch.*fingerprint"):
+        with pytest.raises(FedClientError, match=r"model mismatch.*fingerprint"):
             c.run()
     finally:
         srv.stop()
@@ -150,6 +150,39 @@ def test_unknown_session_is_unauthenticated(tmp_path: Path) -> None:
             with pytest.raises(grpc.RpcError) as e:
                 call()
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        ch.close()
+    finally:
+        srv.stop()
+
+
+def test_heartbeats_keep_a_slow_client_alive_past_the_patience(tmp_path: Path) -> None:
+    cfg = server_config(tmp_path, server={"heartbeat_interval_s": 0.2, "heartbeat_patience_s": 0.6},
+                        rounds={"num_rounds": 2, "clients_per_round": 1, "round_timeout_s": 10.0})
+    srv = ServerThread(cfg, linger_s=0.5).start()
+    client = _client(srv.address, 0, straggler_delay_s=1.5).start()
+    status = srv.wait(60)
+    client.join(10)
+    assert status is not None and status["outcome"] == "completed"
+    assert [h["accepted"] for h in status["history"]] == [1, 1]
+    assert client.summary.updates_accepted == 2
+
+
+def test_a_client_that_goes_silent_is_dropped_and_the_round_is_rerun(tmp_path: Path) -> None:
+    cfg = server_config(tmp_path, server={"heartbeat_interval_s": 0.2, "heartbeat_patience_s": 0.6},
+                        rounds={"num_rounds": 1, "clients_per_round": 1, "round_timeout_s": 30.0})
+    srv = ServerThread(cfg, linger_s=0.2).start()
+    try:
+        ch, s = stub(srv.address)
+        ghost = s.Join(pb.JoinRequest(client_id="ghost"), timeout=5).session_id
+        msgs = list(s.PullTask(pb.PullTaskRequest(session_id=ghost, max_wait_s=2), timeout=10))
+        assert msgs[0].WhichOneof("kind") == "header"
+        # The ghost never uploads nor heartbeats; a live client arrives and finishes the round instead.
+        live = _client(srv.address, 1).start()
+        status = srv.wait(30)
+        live.join(10)
+        assert status is not None and status["outcome"] == "completed"
+        assert srv.coordinator.state.clients["ghost"].alive is False  # type: ignore[union-attr]
+        assert live.summary.updates_accepted == 1
         ch.close()
     finally:
         srv.stop()

@@ -98,6 +98,7 @@ def test_fedprox_term_keeps_weights_closer_to_the_start() -> None:
     def drift(mu: float) -> float:
         m = build_model("mlp", seed=0)
         train_local(m, data.x_train, data.y_train, TrainingConfig(local_epochs=2, learning_rate=0.1, prox_mu=mu))
-        return sum(float((p.detach() - q.detach()).norm() ** 2) for p, q in zip(m.parameters(), start.parameters(), strict=True))
+        pairs = zip(m.parameters(), start.parameters(), strict=True)
+        return sum(float((p.detach() - q.detach()).norm() ** 2) for p, q in pairs)
 
     assert drift(5.0) < drift(0.0)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,7 +111,7 @@ def test_out_of_order_chunk_is_refused() -> None:
 
 
 def test_announced_total_must_match_manifest_and_limit() -> None:
-    manifest, payload = pack({"w": torch.ones(4)})
+    manifest, _payload = pack({"w": torch.ones(4)})
     with pytest.raises(SerializationError, match="announced 15 bytes"):
         Reassembler(manifest, 15)
     with pytest.raises(SerializationError, match="exceeds the limit"):
@@ -160,6 +161,6 @@ def test_no_pickle_in_the_wire_or_file_path() -> None:
     import fedguard.wire as wire
 
     for mod in (ser, wire):
-        src = open(mod.__file__ or "").read()
+        src = Path(mod.__file__ or "").read_text()
         for banned in ("import pickle", "torch.load", "torch.save", "np.load"):
             assert banned not in src, (mod.__name__, banned)
