@@ -29,8 +29,8 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator], None] 
                 stop: asyncio.Event | None = None, linger_s: float = 2.0) -> dict[str, Any]:
     """Run the federation to its end (or until ``stop`` is set); returns the final status.
 
-    After the last round the server keeps answering for ``linger_s`` so that polling clients learn that
-    the federation finished and leave cleanly.
+    After the last round the server keeps answering until every live client has been told that the
+    federation finished (at most ``linger_s`` seconds), so that clients leave cleanly.
     """
     coord = Coordinator(config)
     server = grpc.aio.server(options=grpc_options(config))
@@ -50,7 +50,10 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator], None] 
                                      return_when=asyncio.FIRST_COMPLETED)
         if run in done:
             run.result()
-            await asyncio.sleep(linger_s)
+            # Keep answering until every live client has learnt that the federation finished, at most linger_s.
+            deadline = asyncio.get_running_loop().time() + linger_s
+            while not coord.all_told_finished() and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
         else:
             coord.log.info("server.stopping", reason="stop requested")
             run.cancel()

@@ -50,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-options", help="JSON object of dataset options [data.options]")
     ap.add_argument("--log-json", action="store_true", default=None, help="JSON log lines [server.log_json]")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="[server.log_level]")
-    ap.add_argument("--linger", type=float, default=2.0,
-                    help="seconds to keep answering after the last round so clients learn it finished")
+    ap.add_argument("--linger", type=float, default=10.0,
+                    help="after the last round, keep answering until every live client was told it finished, "
+                         "at most this many seconds")
     ap.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
     return ap
 

@@ -104,6 +104,8 @@ class Coordinator:
         self._round_log: _RoundLog | None = None
         self._agg_task: asyncio.Task[None] | None = None
         self._finished = asyncio.Event()
+        self._told_finished: set[str] = set()
+        self._polling: dict[str, int] = {}
         self.run_dir = Path(config.server.run_dir)
 
     # ---- state machine plumbing ----
@@ -186,6 +188,7 @@ class Coordinator:
     def leave(self, session: str, reason: str) -> None:
         cid = self.client_of(session)
         del self.sessions[session]
+        self._told_finished.discard(cid)
         self.observe(rm.Left(cid, self.clock()))
         self.log.info("client.left", client_id=cid, reason=reason)
 
@@ -202,10 +205,20 @@ class Coordinator:
 
     async def pull(self, session: str, max_wait_s: float) -> Task | WaitInfo:
         cid = self.touch(session)
+        self._polling[cid] = self._polling.get(cid, 0) + 1
+        try:
+            return await self._pull(session, cid, max_wait_s)
+        finally:
+            self._polling[cid] -= 1
+            if not self._polling[cid]:
+                del self._polling[cid]
+
+    async def _pull(self, session: str, cid: str, max_wait_s: float) -> Task | WaitInfo:
         wait = min(max(max_wait_s, 0.0), self.config.server.long_poll_s)
         deadline = self.clock() + wait
         while True:
             if self.state.phase == rm.FINISHED:
+                self._told_finished.add(cid)
                 return WaitInfo(0.0, True, f"federation {self.state.outcome}")
             task = self._task_for(cid)
             if task is not None:
@@ -216,9 +229,8 @@ class Coordinator:
                 return WaitInfo(0.0, False, "no task for this client yet")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=remaining)
-            # The client is evidently alive while it waits.
-            if session in self.sessions:
-                self.state.clients[cid].last_seen = self.clock()
+            if session not in self.sessions:  # it left or re-joined meanwhile
+                return WaitInfo(0.0, False, "session ended")
 
     def begin_update(self, session: str, round_: int, num_samples: int, is_delta: bool, train_loss: float,
                      beta_hat: float | None, metrics: dict[str, float], manifest: list[TensorMeta],
@@ -352,8 +364,15 @@ class Coordinator:
                 self._agg_task = None
                 if exc is not None:
                     raise exc
-            self.observe(rm.Tick(self.clock()))
+            self._tick()
         return self.status()
+
+    def _tick(self) -> None:
+        now = self.clock()
+        # A client parked in a long-poll is connected, hence alive.
+        for cid in self._polling:
+            self.state.clients[cid].last_seen = now
+        self.observe(rm.Tick(now))
 
     def _finish(self, ev: rm.FederationFinished) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -370,6 +389,10 @@ class Coordinator:
     @property
     def finished(self) -> bool:
         return self._finished.is_set()
+
+    def all_told_finished(self) -> bool:
+        """Every live client has been told that the federation finished (or has left)."""
+        return all(cid in self._told_finished for cid in self.state.alive_ids())
 
     def status(self) -> dict[str, Any]:
         s = self.state

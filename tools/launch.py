@@ -65,7 +65,7 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
     py = sys.executable
     server_cmd = [py, "-m", "fedserver", "--address", address, "--rounds", str(args.rounds),
                   "-k", str(args.k or args.clients), "--run-dir", str(run_dir), "--log-json",
-                  "--seed", str(args.seed), "--linger", "1"]
+                  "--seed", str(args.seed), "--linger", "30"]
     if args.config:
         server_cmd += ["--config", args.config]
     if args.min_updates is not None:
