@@ -186,3 +186,10 @@ def test_a_client_that_goes_silent_is_dropped_and_the_round_is_rerun(tmp_path: P
         ch.close()
     finally:
         srv.stop()
+
+
+def test_client_identity_survives_a_restart_through_its_state_dir(tmp_path: Path) -> None:
+    a = FedClient(ClientConfig(state_dir=str(tmp_path / "state")))
+    b = FedClient(ClientConfig(state_dir=str(tmp_path / "state")))
+    c = FedClient(ClientConfig(state_dir=str(tmp_path / "other")))
+    assert a.client_id == b.client_id != c.client_id

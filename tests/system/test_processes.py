@@ -92,3 +92,18 @@ def test_client_process_exits_2_on_model_mismatch(tmp_path: Path) -> None:
     finally:
         server.kill()
         server.wait()
+
+
+def test_launcher_virtual_mode_prints_one_row_per_round(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "tools.launch", "--clients", "6", "-k", "3", "--rounds", "3",
+                        "--virtual", "--procs", "2", "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=180, env=_env(), cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["round", "selected", "accepted"])
+    rows = [line.split() for line in lines[header + 1 : header + 4]]
+    assert [row[0] for row in rows] == ["1", "2", "3"]
+    assert all(row[1] == "3" and row[2] == "3" and row[3] == "0" and row[7] == "off" for row in rows)
+    assert "client processes ok 2/2" in r.stdout
+    assert (tmp_path / "run" / "final_model.fgt").exists()
