@@ -119,7 +119,16 @@ class Aggregated:
     now: float
 
 
-Observation = Joined | Seen | Left | Tick | UpdateAccepted | UpdateRejected | Aggregated
+@dataclass(frozen=True)
+class AggregationFailed:
+    """The rule could not aggregate what arrived (e.g. too few updates for Krum): the round is re-run."""
+
+    round: int
+    reason: str
+    now: float
+
+
+Observation = Joined | Seen | Left | Tick | UpdateAccepted | UpdateRejected | Aggregated | AggregationFailed
 
 
 # ---- events ----
@@ -147,6 +156,7 @@ class RoundAbandoned:
     attempt: int
     accepted: int
     needed: int
+    reason: str = "too few updates by the deadline"
 
 
 @dataclass(frozen=True)
@@ -233,6 +243,11 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
             s.rejected.setdefault(obs.client_id, obs.reason)
     elif isinstance(obs, Aggregated) and s.phase == AGGREGATING and obs.round == s.round:
         _next_round(s, obs.now, config, events)
+    elif isinstance(obs, AggregationFailed) and s.phase == AGGREGATING and obs.round == s.round:
+        events.append(RoundAbandoned(s.round, s.attempt, len(s.accepted), config.effective_min_updates,
+                                     obs.reason))
+        s.attempt += 1
+        _to_sampling(s, obs.now)
     _advance(s, obs.now, config, limits, events, check_liveness=isinstance(obs, Tick))
     return s, events
 

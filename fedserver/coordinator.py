@@ -141,7 +141,7 @@ class Coordinator:
             self._agg_task = asyncio.get_running_loop().create_task(self._aggregate(ev.round, ev.reason))
         elif isinstance(ev, rm.RoundAbandoned):
             self.log.warning("round.abandoned", round=ev.round, attempt=ev.attempt, accepted=ev.accepted,
-                             needed=ev.needed)
+                             needed=ev.needed, reason=ev.reason)
         elif isinstance(ev, rm.ClientDropped):
             self.log.warning("client.dropped", client_id=ev.client_id, silent_for_s=round(ev.silent_for, 1))
         elif isinstance(ev, rm.FederationFinished):
@@ -308,9 +308,11 @@ class Coordinator:
         gen = torch.Generator().manual_seed((self.config.rounds.seed * 1_000_003 + round_) & 0x7FFF_FFFF_FFFF)
         try:
             result = await asyncio.to_thread(agg.finalize, self._global_flat(), gen)
-        except Exception as e:  # an aggregation bug must not leave the round hanging silently
-            self.log.exception("round.aggregation_failed", round=round_, error=str(e))
-            raise
+        except ValueError as e:  # the rule cannot work with what arrived: re-run the round
+            self.log.warning("round.aggregation_failed", round=round_, reason=str(e))
+            self._aggregator = None
+            self.observe(rm.AggregationFailed(round_, str(e), self.clock()))
+            return
         offset = 0
         new_state = dict(self.global_state)
         for name in self._float_names:

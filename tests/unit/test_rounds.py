@@ -156,3 +156,15 @@ def test_same_observations_give_same_events(seed: int) -> None:
             log.append(tuple(s.selected))
         runs.append(log)
     assert runs[0] == runs[1]
+
+
+def test_failed_aggregation_reruns_the_round() -> None:
+    cfg = RoundsConfig(num_rounds=2, clients_per_round=2)
+    s = _machine(2, cfg)
+    s, _ = rm.step(s, rm.UpdateAccepted("c0", 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step(s, rm.UpdateAccepted("c1", 1, 1.0), cfg, LIMITS)
+    assert s.phase == rm.AGGREGATING
+    s, ev = rm.step(s, rm.AggregationFailed(1, "krum needs more updates", 2.0), cfg, LIMITS)
+    assert ev[0] == rm.RoundAbandoned(1, 0, 2, 2, "krum needs more updates")
+    assert isinstance(ev[1], rm.RoundStarted) and ev[1].round == 1 and ev[1].attempt == 1
+    assert s.round == 1 and s.phase == rm.TRAINING
