@@ -27,6 +27,7 @@ _FLAGS = {
     "long_poll": (float, "longest server-side wait of one poll, seconds"),
     "give_up_after": (float, "stop after this many seconds without the server (0 = never)"),
     "torch_threads": (int, "torch intra-op threads (0 = torch default)"),
+    "private_epochs": (int, "train a private model this many epochs first and report its accuracy P_i"),
 }
 _PATHS = {"straggler_delay": "straggler_delay_s", "long_poll": "long_poll_s", "give_up_after": "give_up_after_s"}
 
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (tp, help_) in _FLAGS.items():
         ap.add_argument("--" + flag.replace("_", "-"), dest=flag, type=tp, help=help_)
     ap.add_argument("--model", help="model name or pkg.mod:factory (default: what the server announces)")
+    ap.add_argument("--attack", choices=["none", "label_flip", "backdoor"],
+                    help="simulation only: play a data-poisoning attacker (options: --set attack.KEY=VALUE)")
     ap.add_argument("--log-json", action="store_true", default=None)
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return ap
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, flag)
         if value is not None:
             overrides.append(([_PATHS.get(flag, flag)], value))
+    if args.attack is not None:
+        overrides.append((["attack", "kind"], args.attack))
     if args.log_json is not None:
         overrides.append((["log_json"], True))
     if args.log_level is not None:

@@ -9,6 +9,7 @@ It reconnects with exponential backoff and full jitter, and re-joins when the se
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import random
 import threading
@@ -28,7 +29,9 @@ from fedcore.config import ClientConfig, TrainingConfig
 from fedcore.data import ClientData, load_client_data
 from fedcore.log import get_logger
 from fedcore.models import build_model, model_fingerprint, model_manifest
-from fedcore.serialization import Reassembler, SerializationError, pack
+from fedcore.attacks import AttackError, attacker_local_epochs, backdoor_batches, poison_client_data
+from fedcore.metrics import load_private_model, save_private_model, train_private_model
+from fedcore.serialization import Reassembler, SerializationError, fingerprint, manifest_of, pack
 from fedcore.train import evaluate, train_local
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
@@ -116,6 +119,9 @@ class FedClient:
         self._heartbeat_s = 5.0
         self._rng = random.Random(self.client_id)
         self._busy = threading.Event()
+        self._train_data: ClientData | None = None
+        # P_i, the accuracy of this client's stand-alone model (None until trained or loaded).
+        self.private_accuracy: float | None = None
         self._error: BaseException | None = None
 
     # ---- identity ----
@@ -248,7 +254,7 @@ class FedClient:
             req = pb.JoinRequest(client_id=self.client_id, token=self.config.token, model_fingerprint=fp,
                                  capabilities=pb.Capabilities(
                                      num_train_samples=self.data.num_train if self.data else 0,
-                                     version=VERSION))
+                                     attacker=self.config.attack.active, version=VERSION))
             reply: pb.JoinReply = self._unary(self._stub.Join, req, timeout=30.0)
             return reply
 
@@ -270,14 +276,7 @@ class FedClient:
         fed = reply.config
         if self.model is None:
             spec = self._model_spec
-            if spec is None:
-                self.model = build_model(fed.model_name, json.loads(fed.model_kwargs_json or "{}"))
-            elif isinstance(spec, str):
-                self.model = build_model(spec, json.loads(fed.model_kwargs_json or "{}"))
-            elif isinstance(spec, nn.Module):
-                self.model = spec
-            else:
-                self.model = spec()
+            self.model = spec if isinstance(spec, nn.Module) else self._model_factory(fed)()
         server_manifest = wire.metas_from_pb(fed.model_spec)
         mine = model_manifest(self.model)
         if mine != server_manifest:
@@ -288,6 +287,48 @@ class FedClient:
             index = self.config.data_index if self.config.data_index >= 0 else reply.client_index
             self.data = load_client_data(fed.dataset, index, int(fed.seed),
                                          json.loads(fed.data_options_json or "{}"))
+        attack = self.config.attack
+        try:
+            if attack.kind == "label_flip" and self._train_data is None:
+                self._train_data = poison_client_data(self.data, attack)
+            elif attack.kind == "backdoor":
+                backdoor_batches(self.data, attack, 0)  # fails early if the data cannot carry the backdoor
+        except AttackError as e:
+            raise FedClientError(f"cannot run the {attack.kind} attack on this client's data: {e}") from None
+        if self.config.private_epochs and self.private_accuracy is None:
+            self.private_accuracy = self._private_model(fed)
+
+    def _model_factory(self, fed: pb.FederationConfig) -> Callable[[], nn.Module]:
+        spec = self._model_spec
+        kwargs = json.loads(fed.model_kwargs_json or "{}")
+        if spec is None or isinstance(spec, str):
+            name = spec or fed.model_name
+            return lambda: build_model(name, kwargs)
+        if isinstance(spec, nn.Module):
+            template = copy.deepcopy(spec)
+            return lambda: copy.deepcopy(template)
+        return spec
+
+    def _private_model(self, fed: pb.FederationConfig) -> float:
+        """P_i: accuracy of a stand-alone model trained on the clean local data (cached in the state dir)."""
+        assert self.model is not None and self.data is not None
+        fp = model_fingerprint(self.model)
+        if self.config.state_dir:
+            cached = load_private_model(self.config.state_dir)
+            if cached is not None and fingerprint(manifest_of(cached[0])) == fp:
+                self.log.info("private_model.loaded", client_id=self.client_id, accuracy=round(cached[1], 4))
+                return cached[1]
+        t = fed.training
+        tc = TrainingConfig(local_epochs=1, batch_size=t.batch_size, learning_rate=t.learning_rate,
+                            momentum=t.momentum, weight_decay=t.weight_decay, grad_clip_norm=t.grad_clip_norm)
+        started = time.monotonic()
+        state, acc = train_private_model(self._model_factory(fed), self.data, tc, self.config.private_epochs,
+                                         seed=zlib.crc32(f"private/{self.client_id}".encode()))
+        if self.config.state_dir:
+            save_private_model(self.config.state_dir, state, acc, {"epochs": self.config.private_epochs})
+        self.log.info("private_model.trained", client_id=self.client_id, accuracy=round(acc, 4),
+                      epochs=self.config.private_epochs, seconds=round(time.monotonic() - started, 2))
+        return acc
 
     def _leave(self) -> None:
         if not self._session or self._stub is None:
@@ -348,6 +389,8 @@ class FedClient:
         self.model.load_state_dict(state)
         ev = evaluate(self.model, self.data.x_test, self.data.y_test)
         metrics = {"test_accuracy": ev.accuracy, "test_loss": ev.loss}
+        if self.private_accuracy is not None:
+            metrics["private_accuracy"] = self.private_accuracy
         started = time.monotonic()
         self._busy.set()
         try:
@@ -359,9 +402,13 @@ class FedClient:
                                     learning_rate=t.learning_rate, momentum=t.momentum,
                                     weight_decay=t.weight_decay, lr_decay=t.lr_decay or 1.0,
                                     grad_clip_norm=t.grad_clip_norm, prox_mu=t.prox_mu)
-                res = train_local(self.model, self.data.x_train, self.data.y_train, tc,
-                                  learning_rate=header.learning_rate or None,
-                                  seed=zlib.crc32(f"{self.client_id}/{round_}".encode()))
+                seed = zlib.crc32(f"{self.client_id}/{round_}".encode())
+                attack = self.config.attack
+                data = self._train_data or self.data
+                batches = backdoor_batches(data, attack, seed).epoch if attack.kind == "backdoor" else None
+                res = train_local(self.model, data.x_train, data.y_train, tc,
+                                  learning_rate=header.learning_rate or None, seed=seed,
+                                  epochs=attacker_local_epochs(attack, tc.local_epochs), batches=batches)
                 train_loss = res.loss
             if self.config.straggler_delay_s:
                 self._sleep(self.config.straggler_delay_s)

@@ -8,6 +8,7 @@ field it is about (``rounds.clients_per_round: must be >= 1, got 0``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import types
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar, Union
 
 from fedcore.aggregation import AggregationConfig
+from fedcore.attacks import AttackConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -112,6 +114,14 @@ class ServerSection:
 
 
 @dataclass
+class EvaluationConfig:
+    # Evaluate the global model on a pooled test set (the union of the clients' test splits) every round.
+    central: bool = False
+    # Clients whose test splits form the pooled set; 0 uses data.options["num_clients"] (or 100).
+    central_clients: int = 0
+
+
+@dataclass
 class ServerConfig:
     server: ServerSection = field(default_factory=ServerSection)
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
@@ -119,6 +129,7 @@ class ServerConfig:
     data: DataConfig = field(default_factory=DataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 
     def validate(self) -> ServerConfig:
         validate_server_config(self)
@@ -146,6 +157,11 @@ class ClientConfig:
     straggler_delay_s: float = 0.0
     # Simulation: index of the client's shard when the server's dataset is used; -1 uses the server's.
     data_index: int = -1
+    # Train a stand-alone private model for this many epochs before joining and report its test accuracy
+    # P_i with every update (so the server can compute beta_i = V_i - P_i); 0 skips it. Cached in state_dir.
+    private_epochs: int = 0
+    # Simulation only: play a data-poisoning attacker.
+    attack: AttackConfig = field(default_factory=AttackConfig)
     torch_threads: int = 0
     log_json: bool = False
     log_level: str = "info"
@@ -188,6 +204,8 @@ def validate_server_config(c: ServerConfig) -> None:
     validate_training_config(t)
     _check(bool(c.model.name), "model.name", "must not be empty")
     _check(bool(c.data.dataset), "data.dataset", "must not be empty")
+    _check(c.evaluation.central_clients >= 0, "evaluation.central_clients",
+           f"must be >= 0, got {c.evaluation.central_clients}")
     agg_validate = getattr(c.aggregation, "validate", None)
     if callable(agg_validate):
         try:
@@ -219,6 +237,7 @@ def validate_client_config(c: ClientConfig) -> None:
     _check(c.trainer in ("sgd", "noop"), "trainer", f"one of 'sgd', 'noop', got {c.trainer!r}")
     _check(c.straggler_delay_s >= 0, "straggler_delay_s", f"must be >= 0, got {c.straggler_delay_s}")
     _check(c.torch_threads >= 0, "torch_threads", f"must be >= 0, got {c.torch_threads}")
+    _check(c.private_epochs >= 0, "private_epochs", f"must be >= 0, got {c.private_epochs}")
     _check(c.log_level in _LOG_LEVELS, "log_level", f"one of {sorted(_LOG_LEVELS)}, got {c.log_level!r}")
 
 
@@ -306,14 +325,37 @@ def to_dict(obj: Any) -> dict[str, Any]:
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
+    """A configuration file as a dict: TOML, or JSON when the name ends in ``.json``."""
     p = Path(path)
     try:
+        if p.suffix == ".json":
+            data = json.loads(p.read_text())
+            if not isinstance(data, dict):
+                raise ConfigError("--config", f"{p} must hold a JSON object")
+            return data
         with open(p, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError("--config", f"file not found: {p}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError("--config", f"{p} is not valid JSON: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("--config", f"{p} is not valid TOML: {e}") from None
+
+
+def toml_literal(value: Any) -> str:
+    """``value`` written as a TOML literal (for ``--set key=VALUE`` on a command line)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

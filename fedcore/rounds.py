@@ -32,6 +32,8 @@ class ClientRecord:
     alive: bool = True
     opt_out: bool = False
     attacker: bool = False
+    # Set by its first poll: a client that joined but is still preparing (data, private model) is not selectable.
+    ready: bool = False
 
 
 @dataclass
@@ -63,6 +65,10 @@ class RoundState:
     def alive_ids(self) -> list[str]:
         return sorted(cid for cid, c in self.clients.items() if c.alive)
 
+    def available_ids(self) -> list[str]:
+        """Alive clients that have asked for work: the pool a round selects from."""
+        return sorted(cid for cid, c in self.clients.items() if c.alive and c.ready)
+
     @property
     def completed_rounds(self) -> int:
         return self.round - 1 if self.phase != FINISHED else self.round
@@ -77,11 +83,21 @@ class Joined:
     num_samples: int = 0
     opt_out: bool = False
     attacker: bool = False
+    # Set by its first poll: a client that joined but is still preparing (data, private model) is not selectable.
+    ready: bool = False
 
 
 @dataclass(frozen=True)
 class Seen:
     """Any contact from a live client (heartbeat, poll, upload)."""
+
+    client_id: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Polled:
+    """The client asked for work: it is ready to be selected."""
 
     client_id: str
     now: float
@@ -128,7 +144,7 @@ class AggregationFailed:
     now: float
 
 
-Observation = Joined | Seen | Left | Tick | UpdateAccepted | UpdateRejected | Aggregated | AggregationFailed
+Observation = Joined | Seen | Polled | Left | Tick | UpdateAccepted | UpdateRejected | Aggregated | AggregationFailed
 
 
 # ---- events ----
@@ -224,10 +240,11 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
             s.clients[obs.client_id] = rec
         rec.num_samples, rec.opt_out, rec.attacker = obs.num_samples, obs.opt_out, obs.attacker
         rec.last_seen, rec.alive = obs.now, True
-    elif isinstance(obs, Seen):
+    elif isinstance(obs, Seen | Polled):
         rec = s.clients.get(obs.client_id)
         if rec is not None:
-            rec.last_seen = obs.now
+            rec.last_seen, rec.alive = obs.now, True
+            rec.ready = rec.ready or isinstance(obs, Polled)
     elif isinstance(obs, Left):
         rec = s.clients.get(obs.client_id)
         if rec is not None:
@@ -278,7 +295,7 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
                 rec.alive = False
                 events.append(ClientDropped(cid, now - rec.last_seen))
     if s.phase == SAMPLING:
-        alive = s.alive_ids()
+        alive = s.available_ids()
         if len(alive) >= config.effective_min_available:
             _start_round(s, alive, now, config, events)
         elif now - s.phase_since >= config.sampling_timeout_s:

@@ -24,7 +24,9 @@ import torch
 from fedcore import rounds as rm
 from fedcore.aggregation import Aggregator, make_aggregator
 from fedcore.config import ServerConfig, to_dict
+from fedcore.data import load_client_data
 from fedcore.log import get_logger
+from fedcore.metrics import central_accuracy, performance_gain, pooled_test_set
 from fedcore.models import build_model
 from fedcore.serialization import TensorMeta, fingerprint, manifest_of, pack, save_state
 
@@ -79,8 +81,14 @@ class _RoundLog:
     started_at: float
     selected: int = 0
     losses: list[tuple[float, int]] = field(default_factory=list)
-    accuracies: list[float] = field(default_factory=list)
+    accuracies: dict[str, float] = field(default_factory=dict)
+    private: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
     betas: list[float] = field(default_factory=list)
+
+    def clear(self) -> None:
+        for part in (self.losses, self.accuracies, self.private, self.sizes, self.betas):
+            part.clear()
 
 
 class Coordinator:
@@ -107,6 +115,8 @@ class Coordinator:
         self._told_finished: set[str] = set()
         self._polling: dict[str, int] = {}
         self.run_dir = Path(config.server.run_dir)
+        self._eval_model = model
+        self._central = self._load_central_test_set() if config.evaluation.central else None
 
     # ---- state machine plumbing ----
 
@@ -131,9 +141,7 @@ class Coordinator:
             self._round_log.selected = len(ev.selected)
             self._aggregator = make_aggregator(self.config.aggregation, self.num_params,
                                                self.config.rounds.clients_per_round)
-            self._round_log.losses.clear()
-            self._round_log.accuracies.clear()
-            self._round_log.betas.clear()
+            self._round_log.clear()
             self.log.info("round.started", round=ev.round, attempt=ev.attempt, selected=len(ev.selected),
                           clients=list(ev.selected))
         elif isinstance(ev, rm.RoundClosed):
@@ -205,6 +213,8 @@ class Coordinator:
 
     async def pull(self, session: str, max_wait_s: float) -> Task | WaitInfo:
         cid = self.touch(session)
+        if not self.state.clients[cid].ready:
+            self.observe(rm.Polled(cid, self.clock()))
         self._polling[cid] = self._polling.get(cid, 0) + 1
         try:
             return await self._pull(session, cid, max_wait_s)
@@ -282,11 +292,15 @@ class Coordinator:
         except ValueError as e:
             self._reject(ticket.client_id, ticket.round, "INVALID_ARGUMENT", str(e))
         if self._round_log is not None:
-            self._round_log.losses.append((ticket.train_loss, ticket.num_samples))
+            rl, cid = self._round_log, ticket.client_id
+            rl.losses.append((ticket.train_loss, ticket.num_samples))
+            rl.sizes[cid] = ticket.num_samples
             if "test_accuracy" in ticket.metrics:
-                self._round_log.accuracies.append(ticket.metrics["test_accuracy"])
+                rl.accuracies[cid] = ticket.metrics["test_accuracy"]
+            if "private_accuracy" in ticket.metrics:
+                rl.private[cid] = ticket.metrics["private_accuracy"]
             if ticket.beta_hat is not None:
-                self._round_log.betas.append(ticket.beta_hat)
+                rl.betas.append(ticket.beta_hat)
         self.log.info("update.accepted", client_id=ticket.client_id, round=ticket.round,
                       num_samples=ticket.num_samples, train_loss=round(ticket.train_loss, 5))
         self.observe(rm.UpdateAccepted(ticket.client_id, ticket.round, self.clock()))
@@ -323,15 +337,21 @@ class Coordinator:
         self.global_state = new_state
         self._aggregator = None
         rl = self._round_log
+        central = await asyncio.to_thread(self._central_accuracy) if self._central is not None else None
         now = self.clock()
         n_total = sum(n for _, n in rl.losses)
+        attackers = {c for c in rl.accuracies if self.state.clients[c].attacker}
+        benign_acc = [a for c, a in rl.accuracies.items() if c not in attackers]
         summary: dict[str, Any] = {
             "round": round_,
             "selected": rl.selected,
             "accepted": len(self.state.accepted),
             "rejected": self.state.rejected_in_round,
-            "mean_train_loss": sum(loss * n for loss, n in rl.losses) / n_total if n_total else float("nan"),
-            "mean_test_accuracy": sum(rl.accuracies) / len(rl.accuracies) if rl.accuracies else float("nan"),
+            "mean_train_loss": sum(loss * n for loss, n in rl.losses) / n_total if n_total else NAN,
+            "mean_test_accuracy": _mean(list(rl.accuracies.values())),
+            "test_accuracy_benign": _mean(benign_acc),
+            "central_accuracy": NAN if central is None else central,
+            **self._betas(rl, attackers),
             "beta_hat_median": _median(rl.betas),
             "seconds": now - rl.started_at,
             "outcome": reason,
@@ -343,6 +363,27 @@ class Coordinator:
         self.log.info("round.completed", **{k: v for k, v in summary.items() if k != "metrics"},
                       **summary["metrics"])
         self.observe(rm.Aggregated(round_, self.clock()))
+
+    @staticmethod
+    def _betas(rl: _RoundLog, attackers: set[str]) -> dict[str, float]:
+        """FL-GUARD Eq. 1-2 over this round's participants that report P_i: beta_i = V_i - P_i."""
+        both = {c: v for c, v in rl.accuracies.items() if c in rl.private}
+        if not both:
+            return dict.fromkeys(BETA_KEYS, NAN)
+        rep = performance_gain(both, rl.private, rl.sizes, exclude=attackers)
+        return {"beta": rep.beta, "beta_weighted": rep.beta_weighted, "beta_benign": rep.beta_benign,
+                "beta_benign_weighted": rep.beta_benign_weighted}
+
+    def _load_central_test_set(self) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        n = cfg.evaluation.central_clients or int(cfg.data.options.get("num_clients", 100))
+        shards = (load_client_data(cfg.data.dataset, i, cfg.rounds.seed, cfg.data.options) for i in range(n))
+        return pooled_test_set(shards)
+
+    def _central_accuracy(self) -> float:
+        assert self._central is not None
+        self._eval_model.load_state_dict(self.global_state)
+        return central_accuracy(self._eval_model, *self._central)
 
     # ---- run loop, persistence, status ----
 
@@ -413,6 +454,14 @@ class Coordinator:
             "history": list(self.history),
             "finished": s.phase == rm.FINISHED,
         }
+
+
+NAN = float("nan")
+BETA_KEYS = ("beta", "beta_weighted", "beta_benign", "beta_benign_weighted")
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else NAN
 
 
 def _median(values: list[float]) -> float:

@@ -125,10 +125,19 @@ def status_to_pb(st: dict[str, Any]) -> pb.StatusReply:
         history=[pb.RoundSummary(round=h["round"], selected=h["selected"], accepted=h["accepted"],
                                  rejected=h["rejected"], mean_train_loss=h["mean_train_loss"],
                                  mean_test_accuracy=h["mean_test_accuracy"], seconds=h["seconds"],
-                                 outcome=h["outcome"],
-                                 metrics={**h["metrics"], "beta_hat_median": h["beta_hat_median"]})
+                                 outcome=h["outcome"], metrics=_round_metrics(h))
                  for h in st["history"]],
     )
+
+
+_SUMMARY_FIELDS = {"round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds",
+                   "outcome", "metrics"}
+
+
+def _round_metrics(h: dict[str, Any]) -> dict[str, float]:
+    """Aggregation metrics plus every other numeric summary value (beta, central accuracy, ...)."""
+    extra = {k: float(v) for k, v in h.items() if k not in _SUMMARY_FIELDS and isinstance(v, (int, float))}
+    return {**h["metrics"], **extra}
 
 
 async def _abort(context: grpc.aio.ServicerContext, e: ProtocolError) -> Any:

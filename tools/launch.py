@@ -3,6 +3,12 @@
     python -m tools.launch --clients 10 --rounds 20                 # 10 fedclient processes
     python -m tools.launch --clients 200 --virtual --procs 4        # 200 virtual clients in 4 processes
     python -m tools.launch --clients 10 -k 10 --trainer noop        # protocol only (benchmarks)
+    python -m tools.launch --config configs/mnist_nfl.toml          # an experiment file
+
+An experiment file is a server configuration (TOML) plus an optional ``[launch]`` table with the launcher's
+own options (``clients``, ``virtual``, ``procs``, ``attackers`` = fraction of attacker clients, ``attack`` =
+an attack table, ``private_epochs``); command-line flags win over it. Attackers are a seeded random subset
+of the client indices.
 
 Every client is a real gRPC client with its own channel; in ``--virtual`` mode each process hosts many of
 them as threads, each with its own shard (so a thousand clients fit on a small machine). Server options
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import socket
@@ -24,7 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-COLUMNS = ("round", "selected", "accepted", "rejected", "train_loss", "test_acc", "beta_hat", "nfl", "seconds")
+from fedcore.config import toml_literal
+
+COLUMNS = ("round", "selected", "accepted", "rejected", "train_loss", "test_acc", "beta", "beta_b", "nfl", "seconds")
+LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_epochs", "rounds", "k", "trainer"}
 
 
 def _free_port() -> int:
@@ -38,13 +48,37 @@ def _fmt(v: float, digits: int = 4) -> str:
 
 
 def format_header() -> str:
-    return "{:>5} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>5} {:>8}".format(*COLUMNS)
+    return "{:>5} {:>8} {:>8} {:>8} {:>10} {:>8} {:>7} {:>7} {:>5} {:>8}".format(*COLUMNS)
 
 
 def format_row(h: Any, nfl: str) -> str:
-    beta = h.metrics.get("beta_hat_median", float("nan"))
+    nan = float("nan")
+    beta, beta_b = h.metrics.get("beta", nan), h.metrics.get("beta_benign", nan)
     return (f"{h.round:>5} {h.selected:>8} {h.accepted:>8} {h.rejected:>8} {_fmt(h.mean_train_loss):>10} "
-            f"{_fmt(h.mean_test_accuracy):>8} {_fmt(beta, 3):>8} {nfl:>5} {h.seconds:>8.3f}")
+            f"{_fmt(h.mean_test_accuracy):>8} {_fmt(beta, 3):>7} {_fmt(beta_b, 3):>7} {nfl:>5} {h.seconds:>8.3f}")
+
+
+def attacker_indices(num_clients: int, fraction: float, seed: int) -> list[int]:
+    """A seeded random ``round(fraction * N)`` of the client indices."""
+    import numpy as np
+
+    n = round(fraction * num_clients)
+    rng = np.random.default_rng([seed, 0xA77AC4])
+    return sorted(int(i) for i in rng.choice(num_clients, size=n, replace=False))
+
+
+def split_experiment(path: str, run_dir: Path) -> tuple[dict[str, Any], Path]:
+    """Read an experiment file; return its ``[launch]`` table and the path of the server part (as JSON)."""
+    from fedcore.config import load_toml
+
+    data = load_toml(path)
+    launch = data.pop("launch", {})
+    unknown = set(launch) - LAUNCH_KEYS
+    if unknown:
+        raise SystemExit(f"launch: unknown [launch] keys {sorted(unknown)}; known: {sorted(LAUNCH_KEYS)}")
+    server_part = run_dir / "server_config.json"
+    server_part.write_text(json.dumps(data, indent=2))
+    return dict(launch), server_part
 
 
 @dataclass
@@ -56,18 +90,21 @@ class Launch:
 
 
 def start(args: argparse.Namespace, run_dir: Path) -> Launch:
-    run_dir.mkdir(parents=True, exist_ok=True)
     port = args.port or _free_port()
     address = f"127.0.0.1:{port}"
     root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     py = sys.executable
-    server_cmd = [py, "-m", "fedserver", "--address", address, "--rounds", str(args.rounds),
-                  "-k", str(args.k or args.clients), "--run-dir", str(run_dir), "--log-json",
-                  "--seed", str(args.seed), "--linger", "30"]
-    if args.config:
-        server_cmd += ["--config", args.config]
+    server_cmd = [py, "-m", "fedserver", "--address", address, "--run-dir", str(run_dir), "--log-json",
+                  "--linger", "30"]
+    for flag, value in (("--rounds", args.rounds), ("-k", args.k), ("--seed", args.seed)):
+        if value is not None:
+            server_cmd += [flag, str(value)]
+    if args.server_config:
+        server_cmd += ["--config", str(args.server_config)]
+    if args.k is None and not args.server_config:
+        server_cmd += ["-k", str(args.clients)]
     if args.min_updates is not None:
         server_cmd += ["--min-updates", str(args.min_updates)]
     if args.round_timeout is not None:
@@ -89,17 +126,38 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
         clog = open(run_dir / f"clients-{p}.log", "wb")  # noqa: SIM115
         logs.append(clog)
         if args.virtual:
+            mine = [i for i in args.attacker_ids if first <= i < first + count]
             cmd = [py, "-m", "tools.launch", "worker", "--server", address, "--first", str(first), "--count",
-                   str(count), "--trainer", args.trainer, "--straggler-delay", str(args.straggler_delay)]
+                   str(count), "--trainer", args.trainer, "--straggler-delay", str(args.straggler_delay),
+                   "--private-epochs", str(args.private_epochs), "--attackers", ",".join(map(str, mine)),
+                   "--attack-json", json.dumps(args.attack)]
         else:
             cmd = [py, "-m", "fedclient", "--server", address, "--client-id", f"client-{first:05d}",
                    "--data-index", str(first), "--trainer", args.trainer, "--straggler-delay",
-                   str(args.straggler_delay), "--torch-threads", "1", "--log-json", "--log-level", "warning"]
+                   str(args.straggler_delay), "--torch-threads", "1", "--log-json", "--log-level", "warning",
+                   "--private-epochs", str(args.private_epochs)]
+            if first in args.attacker_ids:
+                cmd += [item for k, v in args.attack.items() for item in ("--set", f"attack.{k}={toml_literal(v)}")]
         clients.append(subprocess.Popen(cmd, stdout=clog, stderr=subprocess.STDOUT, env=env))
     return Launch(server, clients, address, logs)
 
 
-def watch(launch: Launch, interval: float = 0.1, out: IO[str] = sys.stdout) -> int:
+def _jsonl_rows(run_dir: Path, after: int) -> list[Any]:
+    """Round summaries from the server's rounds.jsonl after round ``after``, shaped like StatusReply rows."""
+    from types import SimpleNamespace
+
+    path = run_dir / "rounds.jsonl"
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            h = json.loads(line)
+            if h["round"] > after:
+                extra = {k: v for k, v in h.items() if isinstance(v, (int, float)) and k != "round"}
+                rows.append(SimpleNamespace(**{**h, "metrics": {**h["metrics"], **extra}}))
+    return rows
+
+
+def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = sys.stdout) -> int:
     """Print each completed round as the server reports it; returns the server's exit code."""
     import grpc
 
@@ -109,6 +167,7 @@ def watch(launch: Launch, interval: float = 0.1, out: IO[str] = sys.stdout) -> i
     channel = grpc.insecure_channel(launch.address)
     stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
     printed = 0
+    history: list[Any] = []
     print(format_header(), file=out, flush=True)
     while True:
         rc = launch.server.poll()
@@ -116,13 +175,36 @@ def watch(launch: Launch, interval: float = 0.1, out: IO[str] = sys.stdout) -> i
             st = stub.GetStatus(pb.StatusRequest(), timeout=2.0)
             for h in st.history[printed:]:
                 print(format_row(h, "off"), file=out, flush=True)
+            history = list(st.history)
             printed = len(st.history)
         except grpc.RpcError:
             pass
         if rc is not None:
             channel.close()
+            # Rounds that completed after the last poll are in the server's rounds.jsonl.
+            for h in _jsonl_rows(run_dir, history[-1].round if history else 0):
+                print(format_row(h, "off"), file=out, flush=True)
+                history.append(h)
+            if history:
+                print(last_rounds_summary(history), file=out, flush=True)
             return rc
         time.sleep(interval)
+
+
+def last_rounds_summary(history: list[Any], last: int = 10) -> str:
+    """Means over the last ``last`` rounds (the papers' convention), NaN-free values only."""
+    tail = history[-last:]
+
+    def mean(get: Any) -> str:
+        vals = [v for v in (get(h) for h in tail) if v == v]
+        return _fmt(sum(vals) / len(vals)) if vals else "-"
+
+    nan = float("nan")
+    return (f"last {len(tail)} rounds: test_acc {mean(lambda h: h.mean_test_accuracy)}, "
+            f"benign test_acc {mean(lambda h: h.metrics.get('test_accuracy_benign', nan))}, "
+            f"beta {mean(lambda h: h.metrics.get('beta', nan))}, "
+            f"beta_benign {mean(lambda h: h.metrics.get('beta_benign', nan))}, "
+            f"central_acc {mean(lambda h: h.metrics.get('central_accuracy', nan))}")
 
 
 def finish(launch: Launch, timeout: float = 30.0) -> list[int | None]:
@@ -144,12 +226,18 @@ def run_worker(args: argparse.Namespace) -> int:
     import torch
 
     from fedclient import ClientConfig, FedClient
+    from fedcore.attacks import AttackConfig
+    from fedcore.config import from_dict
     from fedcore.log import configure_logging
 
     torch.set_num_threads(1)
     configure_logging(json=True, level="warning")
+    attackers = {int(i) for i in args.attackers.split(",") if i}
+    attack = from_dict(AttackConfig, json.loads(args.attack_json), "attack")
     clients = [FedClient(ClientConfig(server=args.server, client_id=f"client-{i:05d}", data_index=i,
-                                      trainer=args.trainer, straggler_delay_s=args.straggler_delay))
+                                      trainer=args.trainer, straggler_delay_s=args.straggler_delay,
+                                      private_epochs=args.private_epochs,
+                                      attack=attack if i in attackers else AttackConfig()))
                for i in range(args.first, args.first + args.count)]
     for c in clients:
         c.start()
@@ -169,17 +257,21 @@ def run_worker(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m tools.launch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=10, help="number of clients N")
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("-k", type=int, default=0, help="updates per round K (default: N)")
+    ap.add_argument("--clients", type=int, help="number of clients N (default 10)")
+    ap.add_argument("--rounds", type=int, help="rounds R (default: the config's, else 20)")
+    ap.add_argument("-k", type=int, help="updates per round K (default: the config's, else N)")
     ap.add_argument("--min-updates", type=int)
     ap.add_argument("--round-timeout", type=float)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--config", help="server TOML configuration")
+    ap.add_argument("--seed", type=int, help="server seed (default: the config's, else 0)")
+    ap.add_argument("--config", help="experiment file: server TOML plus an optional [launch] table")
     ap.add_argument("--server-set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--virtual", action="store_true", help="host many clients per process (threads)")
-    ap.add_argument("--procs", type=int, default=2, help="client processes in --virtual mode")
-    ap.add_argument("--trainer", default="sgd", choices=["sgd", "noop"])
+    ap.add_argument("--virtual", action="store_true", default=None, help="host many clients per process (threads)")
+    ap.add_argument("--procs", type=int, help="client processes in --virtual mode (default 2)")
+    ap.add_argument("--trainer", choices=["sgd", "noop"], help="default sgd")
+    ap.add_argument("--attackers", type=float, help="fraction of clients that attack (default 0)")
+    ap.add_argument("--attack", help="attack kind: label_flip or backdoor (options via the experiment file)")
+    ap.add_argument("--private-epochs", type=int,
+                    help="clients train a private model this long first, so beta = V_i - P_i is reported")
     ap.add_argument("--straggler-delay", type=float, default=0.0)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--run-dir", default="runs/launch")
@@ -195,19 +287,42 @@ def main(argv: list[str] | None = None) -> int:
         wp.add_argument("--count", type=int, required=True)
         wp.add_argument("--trainer", default="sgd")
         wp.add_argument("--straggler-delay", type=float, default=0.0)
+        wp.add_argument("--private-epochs", type=int, default=0)
+        wp.add_argument("--attackers", default="", help="comma-separated client indices")
+        wp.add_argument("--attack-json", default="{}")
         return run_worker(wp.parse_args(argv[1:]))
     args = build_parser().parse_args(argv)
-    if args.clients < 1 or args.rounds < 1:
-        print("launch: --clients and --rounds must be >= 1", file=sys.stderr)
-        return 2
     run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    launch_opts: dict[str, Any] = {}
+    args.server_config = None
+    if args.config:
+        launch_opts, args.server_config = split_experiment(args.config, run_dir)
+    defaults = {"clients": 10, "virtual": False, "procs": 2, "trainer": "sgd", "attackers": 0.0,
+                "private_epochs": 0, "rounds": None if args.config else 20, "k": None}
+    for key, default in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, launch_opts.get(key, default))
+    attack = dict(launch_opts.get("attack", {}))
+    if args.attack:
+        attack["kind"] = args.attack
+    args.attack = attack
+    if args.clients < 1 or (args.rounds is not None and args.rounds < 1) or not 0 <= args.attackers <= 1:
+        print("launch: need --clients >= 1, --rounds >= 1 and 0 <= --attackers <= 1", file=sys.stderr)
+        return 2
+    if args.attackers and attack.get("kind", "none") == "none":
+        print("launch: --attackers needs an attack kind (--attack or [launch.attack] kind)", file=sys.stderr)
+        return 2
+    args.attacker_ids = attacker_indices(args.clients, args.attackers, args.seed or 0)
     t0 = time.monotonic()
     launch = start(args, run_dir)
-    print(f"fedguard: server {launch.address}, {args.clients} clients "
-          f"({'virtual, ' + str(len(launch.clients)) + ' processes' if args.virtual else 'one process each'}), "
-          f"{args.rounds} rounds, logs in {run_dir}/", flush=True)
+    mode = f"virtual, {len(launch.clients)} processes" if args.virtual else "one process each"
+    attack_note = (f", {len(args.attacker_ids)} attackers ({args.attack.get('kind')})" if args.attacker_ids
+                   else "")
+    print(f"fedguard: server {launch.address}, {args.clients} clients ({mode}){attack_note}, "
+          f"{args.rounds or 'configured'} rounds, logs in {run_dir}/", flush=True)
     try:
-        rc = watch(launch)
+        rc = watch(launch, run_dir)
     except KeyboardInterrupt:
         launch.server.terminate()
         rc = launch.server.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -43,25 +44,42 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     return EvalResult(correct / len(y), total_loss / len(y), len(y))
 
 
-def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainingConfig,
-                learning_rate: float | None = None, seed: int = 0) -> TrainResult:
-    """E epochs of mini-batch SGD on (x, y); returns the mean training loss over all steps.
+Batches = Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]]
 
-    With ``config.prox_mu > 0`` adds FedProx's (mu/2)·‖w − w_start‖² against the weights the call started from.
+
+def shuffled_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> Batches:
+    """Epoch e -> the mini-batches of a seeded shuffle of (x, y)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def epoch(_: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        perm = torch.randperm(len(y), generator=g)
+        for start in range(0, len(y), batch_size):
+            idx = perm[start : start + batch_size]
+            yield x[idx], y[idx]
+
+    return epoch
+
+
+def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainingConfig,
+                learning_rate: float | None = None, seed: int = 0, epochs: int | None = None,
+                batches: Batches | None = None) -> TrainResult:
+    """``epochs`` (default ``config.local_epochs``) epochs of mini-batch SGD; returns the mean training loss.
+
+    Batches come from ``batches(epoch)`` when given (e.g. an attacker's poisoned stream), else from a seeded
+    shuffle of (x, y). With ``config.prox_mu > 0`` adds FedProx's (mu/2)·‖w − w_start‖² against the weights
+    the call started from.
     """
     lr = config.learning_rate if learning_rate is None else learning_rate
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
     anchor = [p.detach().clone() for p in model.parameters()] if config.prox_mu > 0 else []
-    g = torch.Generator().manual_seed(seed)
+    source = batches or shuffled_batches(x, y, config.batch_size, seed)
+    n_epochs = config.local_epochs if epochs is None else epochs
     model.train()
-    n = len(y)
-    total, steps = 0.0, 0
-    for _ in range(config.local_epochs):
-        perm = torch.randperm(n, generator=g)
-        for start in range(0, n, config.batch_size):
-            idx = perm[start : start + config.batch_size]
+    total, steps, samples = 0.0, 0, 0
+    for e in range(n_epochs):
+        for xb, yb in source(e):
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x[idx]), y[idx])
+            loss = F.cross_entropy(model(xb), yb)
             if anchor:
                 prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor, strict=True))
                 loss = loss + 0.5 * config.prox_mu * prox
@@ -71,6 +89,7 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Trai
             opt.step()
             total += float(loss.detach())
             steps += 1
+            samples += len(yb)
     if steps and not torch.isfinite(torch.tensor(total)):
         raise FloatingPointError("local training diverged (non-finite loss); lower the learning rate")
-    return TrainResult(total / max(steps, 1), n * config.local_epochs, steps)
+    return TrainResult(total / max(steps, 1), samples, steps)

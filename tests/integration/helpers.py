@@ -53,3 +53,9 @@ def pull_model(s: pb_grpc.FederationStub, session: str, max_wait: float = 5.0) -
     for m in msgs[1:]:
         asm.feed(m.chunk.offset, m.chunk.data)
     return h, asm.finish()
+
+
+def mark_ready(s: pb_grpc.FederationStub, sessions: Iterator[str] | list[str]) -> None:
+    """A zero-wait poll per session: the server counts a client as available once it has asked for work."""
+    for sid in sessions:
+        list(s.PullTask(pb.PullTaskRequest(session_id=sid, max_wait_s=0.0), timeout=10))

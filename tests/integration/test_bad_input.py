@@ -12,7 +12,7 @@ import torch
 from fedcore.models import build_model, model_fingerprint
 from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import ServerThread
-from tests.integration.helpers import pull_model, server_config, stub, update_messages
+from tests.integration.helpers import mark_ready, pull_model, server_config, stub, update_messages
 
 TOKEN = "s3cret"
 CASES = ["wrong_name", "wrong_shape", "wrong_dtype", "nan", "inf", "extra_bytes", "missing_bytes", "oversize",
@@ -90,6 +90,7 @@ def test_each_bad_update_is_refused_with_its_status_and_the_round_goes_on(federa
     sessions = {}
     for name in [*CASES, "good"]:
         sessions[name] = s.Join(pb.JoinRequest(client_id=name, token=TOKEN), timeout=5).session_id
+    mark_ready(s, list(sessions.values()))
     # Everyone is selected (K = number of clients): fetch round 1's model.
     header, state = pull_model(s, sessions["good"])
     assert isinstance(header, pb.TaskHeader) and header.round == 1 and state is not None
@@ -118,6 +119,7 @@ def test_stale_unsolicited_and_unauthenticated_updates(federation) -> None:  # t
     srv, s = federation
     sessions = {name: s.Join(pb.JoinRequest(client_id=name, token=TOKEN), timeout=5).session_id
                 for name in [*CASES, "good"]}
+    mark_ready(s, list(sessions.values()))
     _, state = pull_model(s, sessions["good"])
     assert state is not None
     # An unknown session.

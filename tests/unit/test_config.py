@@ -75,3 +75,19 @@ def test_client_config_validation() -> None:
         ClientConfig(trainer="magic").validate()
     with pytest.raises(ConfigError, match="backoff_initial_s"):
         ClientConfig(backoff_initial_s=5, backoff_max_s=1).validate()
+
+
+def test_json_config_files_and_toml_literals(tmp_path: Path) -> None:
+    import json
+
+    from fedcore.config import toml_literal
+
+    f = tmp_path / "fed.json"
+    f.write_text(json.dumps({"rounds": {"num_rounds": 4}, "model": {"kwargs": {"hidden": [8]}}}))
+    cfg = build_config(ServerConfig, f)
+    assert cfg.rounds.num_rounds == 4 and cfg.model.kwargs == {"hidden": [8]}
+    for value in (3, 0.5, True, "a\\\"b", [1, [2, "x"]], {"k": 1, "m": {"n": False}}):
+        assert parse_override("a=" + toml_literal(value))[1] == value
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="JSON object"):
+        build_config(ServerConfig, tmp_path / "bad.json")

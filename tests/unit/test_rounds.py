@@ -14,6 +14,7 @@ def _machine(n_clients: int, cfg: RoundsConfig, now: float = 0.0) -> rm.RoundSta
     s = rm.RoundState(phase_since=now)
     for i in range(n_clients):
         s, _ = rm.step(s, rm.Joined(f"c{i}", now, num_samples=10), cfg, LIMITS)
+        s, _ = rm.step(s, rm.Polled(f"c{i}", now), cfg, LIMITS)
     return s
 
 
@@ -25,10 +26,12 @@ def _events(s: rm.RoundState, obs: rm.Observation, cfg: RoundsConfig) -> list[rm
 def test_round_starts_when_enough_clients_are_available() -> None:
     cfg = RoundsConfig(num_rounds=2, clients_per_round=3)
     s = rm.RoundState()
-    s, ev = rm.step(s, rm.Joined("a", 0.0), cfg, LIMITS)
-    s, ev = rm.step(s, rm.Joined("b", 0.0), cfg, LIMITS)
-    assert s.phase == rm.SAMPLING and ev == []
-    s, ev = rm.step(s, rm.Joined("c", 1.0), cfg, LIMITS)
+    for c in "abc":
+        s, ev = rm.step(s, rm.Joined(c, 0.0), cfg, LIMITS)
+    s, ev = rm.step(s, rm.Polled("a", 0.0), cfg, LIMITS)
+    s, ev = rm.step(s, rm.Polled("b", 0.0), cfg, LIMITS)
+    assert s.phase == rm.SAMPLING and ev == []  # c joined but is still preparing: not selectable yet
+    s, ev = rm.step(s, rm.Polled("c", 1.0), cfg, LIMITS)
     assert s.phase == rm.TRAINING
     assert ev == [rm.RoundStarted(1, 0, ("a", "b", "c"), 1.0 + cfg.round_timeout_s)]
 
@@ -105,7 +108,7 @@ def test_silent_clients_are_dropped_on_tick_and_come_back_on_join() -> None:
     assert rm.ClientDropped("c1", 31.0) in ev
     assert s.alive_ids() == ["c0"]
     s, _ = rm.step(s, rm.Joined("c1", 32.0), cfg, LIMITS)
-    assert s.alive_ids() == ["c0", "c1"]
+    assert s.alive_ids() == ["c0", "c1"] and s.available_ids() == ["c0", "c1"]
 
 
 def test_sampling_timeout_stalls_the_federation_instead_of_waiting_forever() -> None:
