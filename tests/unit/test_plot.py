@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tools.plot import main, moving_average
+
+
+def test_moving_average_skips_nan() -> None:
+    assert moving_average([1.0, math.nan, 3.0], window=2) == [1.0, 1.0, 3.0]
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"round": r, "mean_test_accuracy": 0.1 * r, "central_accuracy": 0.1 * r, "beta": 0.01 * r - 0.05,
+             "beta_benign": 0.02 * r - 0.05, "metrics": {}} for r in range(1, 8)]
+    (run / "rounds.jsonl").write_text("\n".join(json.dumps(h) for h in rows))
+    out = tmp_path / "p.png"
+    assert main([str(run), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_refuses_a_directory_without_rounds(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"rounds\.jsonl"):
+        main([str(tmp_path)])
