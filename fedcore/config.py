@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
-from fedcore.aggregation import AggregationConfig
+from fedcore.aggregation import AggregationConfig, check_memory
 from fedcore.attacks import AttackConfig
 
 if sys.version_info >= (3, 11):
@@ -206,14 +206,28 @@ def validate_server_config(c: ServerConfig) -> None:
     _check(bool(c.data.dataset), "data.dataset", "must not be empty")
     _check(c.evaluation.central_clients >= 0, "evaluation.central_clients",
            f"must be >= 0, got {c.evaluation.central_clients}")
-    agg_validate = getattr(c.aggregation, "validate", None)
-    if callable(agg_validate):
+    try:
+        c.aggregation.validate(r.clients_per_round, r.effective_min_updates)
+    except ValueError as e:
+        raise _aggregation_error(e) from None
+
+
+def _aggregation_error(e: ValueError) -> ConfigError:
+    """fedcore.aggregation's messages start with the field name: re-root it under ``aggregation.``."""
+    field_name, sep, message = str(e).partition(": ")
+    if sep and field_name.isidentifier():
+        return ConfigError(f"aggregation.{field_name}", message)
+    return ConfigError("aggregation", str(e))
+
+
+def check_aggregation_memory(c: ServerConfig, num_params: int) -> None:
+    """Refuse a rule/K/P combination that would not fit ``aggregation.memory_budget_bytes`` (0 = unchecked)."""
+    budget = c.aggregation.memory_budget_bytes
+    if budget:
         try:
-            agg_validate(r.clients_per_round)
-        except ConfigError:
-            raise
+            check_memory(c.aggregation, c.rounds.clients_per_round, num_params, budget)
         except ValueError as e:
-            raise ConfigError("aggregation", str(e)) from None
+            raise _aggregation_error(e) from None
 
 
 def validate_training_config(t: TrainingConfig, prefix: str = "training") -> None:

@@ -81,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)
-        from fedcore.models import build_model  # validate the model before listening
+        from fedcore.config import check_aggregation_memory
+        from fedcore.models import build_model  # validate the model (and what it costs) before listening
 
-        build_model(config.model.name, config.model.kwargs)
+        model = build_model(config.model.name, config.model.kwargs)
+        num_params = sum(p.numel() for p in model.state_dict().values() if p.is_floating_point())
+        check_aggregation_memory(config, num_params)
     except (ConfigError, ValueError) as e:
         print(f"fedserver: configuration error: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ import torch
 
 from fedcore import rounds as rm
 from fedcore.aggregation import Aggregator, make_aggregator
-from fedcore.config import ServerConfig, to_dict
+from fedcore.config import ServerConfig, check_aggregation_memory, to_dict
 from fedcore.data import load_client_data
 from fedcore.log import get_logger
 from fedcore.metrics import central_accuracy, performance_gain, pooled_test_set
@@ -102,6 +102,7 @@ class Coordinator:
         self.fingerprint = fingerprint(self.manifest)
         self._float_names = [k for k, v in self.global_state.items() if v.is_floating_point()]
         self.num_params = sum(self.global_state[k].numel() for k in self._float_names)
+        check_aggregation_memory(config, self.num_params)
         self.limits = rm.Limits(heartbeat_patience_s=config.server.heartbeat_patience_s)
         self.state = rm.RoundState(phase_since=clock())
         self.sessions: dict[str, str] = {}

@@ -18,7 +18,8 @@ def row_norms(updates: torch.Tensor) -> torch.Tensor:
     """L2 norm of every row of ``[n, P]`` (float64 ``[n]``; inf/nan for rows with non-finite values)."""
     if updates.dim() != 2:
         raise ValueError(f"expected a stacked [n, P] tensor, got shape {tuple(updates.shape)}")
-    return torch.linalg.vector_norm(updates, dim=1).to(torch.float64)
+    norms: torch.Tensor = torch.linalg.vector_norm(updates, dim=1)
+    return norms.to(torch.float64)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Validate:
             return math.nan, f"update has shape {tuple(update.shape)}, expected ({self.num_params},)"
         if not update.is_floating_point():
             return math.nan, f"update has dtype {update.dtype}, expected a floating-point dtype"
+        # Judge the values that will be aggregated: float32 (a float64 1e39 becomes inf).
+        update = update.to(torch.float32)
         norm = float(torch.linalg.vector_norm(update))
         if not math.isfinite(norm):
             # One pass in the common case: only a non-finite norm needs the finer diagnosis.
@@ -131,5 +134,5 @@ class GaussianNoise:
             return step.clone(), NoiseReport(0.0)
         noise = torch.randn(step.shape, generator=generator, dtype=step.dtype, device=step.device)
         noise.mul_(self.sigma)
-        noise_norm = float(torch.linalg.vector_norm(noise.to(torch.float64)))
+        noise_norm = float(torch.linalg.vector_norm(noise))
         return noise.add_(step), NoiseReport(noise_norm)

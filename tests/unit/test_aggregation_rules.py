@@ -11,7 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.aggregation import AggregationConfig, aggregate, make_aggregator, register_rule
+from fedcore.aggregation import AggregationConfig, aggregate, make_aggregator, order, register_rule, rules
+from fedcore.aggregation.order import (
+    closest_to_median_mean,
+    coordinate_median,
+    extreme_values,
+    order_statistics,
+    sorting_network,
+)
 from fedcore.aggregation.rules import (
     Bulyan,
     FedAvg,
@@ -22,9 +29,10 @@ from fedcore.aggregation.rules import (
     RuleOutput,
     TrimmedMean,
     column_chunks,
-    coordinate_median,
     pairwise_sq_dists,
 )
+
+rows_strategy = st.integers(min_value=0, max_value=2**31 - 1)
 
 ALL_RULES = {
     "fedavg": {},
@@ -111,16 +119,83 @@ def test_rules_are_added_to_the_previous_global() -> None:
     torch.testing.assert_close(res.new_global, torch.tensor([12.0, -8.0]))
 
 
-def test_chunked_rules_match_numpy_across_chunk_boundaries() -> None:
-    g = torch.Generator().manual_seed(1)
-    n, p = 6, 3001
+@pytest.mark.parametrize("n", [5, 6, 129, 130])
+@pytest.mark.parametrize("m", [1, 2, 64])
+def test_chunked_rules_match_numpy_across_chunk_boundaries(
+    n: int, m: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = 601
+    monkeypatch.setattr(rules, "CHUNK_ELEMS", 250 * n)  # 3 chunks
+    monkeypatch.setattr(order, "ORDER_CHUNK_ELEMS", 250 * n)
+    monkeypatch.setattr(order, "ORDER_CHUNK_MIN_COLS", 1)
+    g = torch.Generator().manual_seed(n)
     x = torch.randn(n, p, generator=g)
-    assert len(list(column_chunks(n, p, chunk_elems=600))) > 1
+    assert len(list(column_chunks(n, p))) > 1
     np.testing.assert_allclose(Median()(x, torch.ones(n)).step.numpy(), np.median(x.numpy(), axis=0), rtol=1e-6)
-    s = np.sort(x.numpy(), axis=0)[1:-1].mean(axis=0)
-    np.testing.assert_allclose(TrimmedMean(trim_m=1)(x, torch.ones(n)).step.numpy(), s, rtol=1e-5, atol=1e-6)
-    d = ((x.unsqueeze(0) - x.unsqueeze(1)) ** 2).sum(-1).double()
-    torch.testing.assert_close(pairwise_sq_dists(x), d, rtol=1e-5, atol=1e-4)
+    if 2 * m < n:
+        s = np.sort(x.numpy(), axis=0)[m : n - m].mean(axis=0)
+        got = TrimmedMean(trim_m=m)(x, torch.ones(n)).step.numpy()
+        np.testing.assert_allclose(got, s, rtol=1e-4, atol=1e-5)
+    if n < 10:
+        d = ((x.unsqueeze(0) - x.unsqueeze(1)) ** 2).sum(-1).double()
+        torch.testing.assert_close(pairwise_sq_dists(x), d, rtol=1e-5, atol=1e-3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=rows_strategy, n=st.integers(1, 12), k=st.integers(1, 12), largest=st.booleans())
+def test_extreme_values_equal_sorted_values_with_ties(seed: int, n: int, k: int, largest: bool) -> None:
+    k = min(k, n)
+    x = torch.randint(-3, 4, (n, 50), generator=torch.Generator().manual_seed(seed)).to(torch.float32)
+    regs = extreme_values(x, k, largest=largest)
+    ordered = torch.sort(x, dim=0, descending=largest).values
+    for j in range(k):
+        assert torch.equal(regs[j], ordered[j])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 17, 33, 100])
+def test_sorting_network_sorts(n: int) -> None:
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        for x in (torch.randn(n, 64, generator=g), torch.randint(-2, 3, (n, 64), generator=g).to(torch.float32)):
+            rows = list(x.clone().unbind(0))
+            for i, j in sorting_network(n):
+                lo, hi = torch.minimum(rows[i], rows[j]), torch.maximum(rows[i], rows[j])
+                rows[i], rows[j] = lo, hi
+            assert torch.equal(torch.stack(rows), torch.sort(x, dim=0).values)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=rows_strategy, n=st.integers(1, 40), data=st.data())
+def test_order_statistics_equal_sorted_values(seed: int, n: int, data: st.DataObject) -> None:
+    positions = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=4))
+    x = torch.randint(-3, 4, (n, 30), generator=torch.Generator().manual_seed(seed)).to(torch.float32)
+    x += torch.randn(n, 30, generator=torch.Generator().manual_seed(seed)) * (seed % 2)
+    ordered = torch.sort(x, dim=0).values
+    for p, v in zip(positions, order_statistics(x, positions), strict=True):
+        assert torch.equal(v, ordered[p])
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=rows_strategy, n=st.integers(1, 15), data=st.data())
+def test_closest_to_median_mean_matches_brute_force(seed: int, n: int, data: st.DataObject) -> None:
+    beta = data.draw(st.integers(1 if n % 2 else min(2, n), n))  # beta = 1, n even: a tie of the two middles
+    x = torch.randn(n, 25, generator=torch.Generator().manual_seed(seed))
+    col = x.numpy().astype(np.float64)
+    med = np.median(col, axis=0)
+    idx = np.argsort(np.abs(col - med), axis=0, kind="stable")[:beta]
+    expected = np.take_along_axis(col, idx, axis=0).mean(axis=0)
+    np.testing.assert_allclose(closest_to_median_mean(x, beta).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=rows_strategy, n=st.integers(3, 12), m=st.integers(1, 5))
+def test_trimmed_mean_with_ties_matches_sorting(seed: int, n: int, m: int) -> None:
+    if 2 * m >= n:
+        m = (n - 1) // 2
+    x = torch.randint(-3, 4, (n, 40), generator=torch.Generator().manual_seed(seed)).to(torch.float32)
+    expected = torch.sort(x, dim=0).values[m : n - m].mean(dim=0)
+    torch.testing.assert_close(TrimmedMean(trim_m=m)(x, torch.ones(n)).step, expected)
+    np.testing.assert_allclose(Median()(x, torch.ones(n)).step.numpy(), np.median(x.numpy(), axis=0))
 
 
 def test_coordinate_median_even_count() -> None:
@@ -129,9 +204,6 @@ def test_coordinate_median_even_count() -> None:
 
 
 # ---- invariants ----
-
-rows_strategy = st.integers(min_value=0, max_value=2**31 - 1)
-
 
 def _random_rows(seed: int, n: int, p: int) -> torch.Tensor:
     return torch.randn(n, p, generator=torch.Generator().manual_seed(seed))
