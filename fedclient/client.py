@@ -25,12 +25,12 @@ import grpc
 import torch
 from torch import nn
 
+from fedcore.attacks import AttackError, attacker_local_epochs, backdoor_batches, poison_client_data
 from fedcore.config import ClientConfig, TrainingConfig
 from fedcore.data import ClientData, load_client_data
 from fedcore.log import get_logger
-from fedcore.models import build_model, model_fingerprint, model_manifest
-from fedcore.attacks import AttackError, attacker_local_epochs, backdoor_batches, poison_client_data
 from fedcore.metrics import load_private_model, save_private_model, train_private_model
+from fedcore.models import build_model, model_fingerprint, model_manifest
 from fedcore.serialization import Reassembler, SerializationError, fingerprint, manifest_of, pack
 from fedcore.train import evaluate, train_local
 from fedguard import wire
