@@ -36,6 +36,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+ITEMSIZE: dict[str, int] = {k: torch.empty((), dtype=v).element_size() for k, v in DTYPES.items()}
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
@@ -55,7 +56,7 @@ class TensorMeta:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+        return ITEMSIZE[self.dtype]
 
     @property
     def nbytes(self) -> int:

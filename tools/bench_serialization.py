@@ -1,9 +1,11 @@
 """Serialization throughput of a 940,362-parameter float32 model (the LINDT/FL-GUARD CIFAR CNN's shapes).
 
 Measured side by side in one run, median of --reps repetitions, MB/s = model bytes / (serialize + deserialize):
-  wire      state dict -> tensor manifest + 1 MiB Chunk protobuf messages serialized to bytes -> parsed ->
-            reassembled -> state dict (what actually crosses gRPC, minus the socket)
-  pack      state dict -> one contiguous little-endian payload -> state dict (fedcore.serialization alone)
+  chunked   state dict -> little-endian payload -> 1 MiB chunks -> reassembled with byte-count checks -> state
+            dict (fedcore.serialization: the format, comparable to np.save/np.load producing/consuming bytes)
+  wire      the same plus protobuf framing: every chunk wrapped in a TaskMessage, serialized to bytes, parsed
+            back (what gRPC does to any payload; the socket itself is not included)
+  pack      state dict -> one contiguous payload -> state dict, no chunking
   np.save   np.save of every array into one BytesIO, then np.load of each (the issue's reference)
 
     python tools/bench_serialization.py [--reps 50]
@@ -20,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from fedcore.serialization import Reassembler, pack, unpack
+from fedcore.serialization import Reassembler, pack, roundtrip_chunks, unpack
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 
@@ -62,14 +64,17 @@ def npsave_roundtrip(arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [np.load(buf) for _ in arrays]
 
 
-def timeit(fn: Callable[[], object], reps: int) -> float:
-    fn()  # warm-up
-    times = []
+def interleaved(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median seconds of each function, timed round-robin so allocator and cache state hit all alike."""
+    for fn in fns.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def main() -> None:
@@ -84,11 +89,12 @@ def main() -> None:
     assert params == 940_362, params
     out = wire_roundtrip(state)
     assert all(torch.equal(out[k], state[k]) for k in state), "wire round-trip is not exact"
-    results = {
-        "wire (fedguard, protobuf chunks)": timeit(lambda: wire_roundtrip(state), args.reps),
-        "pack/unpack (fedguard payload)": timeit(lambda: pack_roundtrip(state), args.reps),
-        "np.save/np.load (reference)": timeit(lambda: npsave_roundtrip(arrays), args.reps),
-    }
+    results = interleaved({
+        "chunked (fedguard serialization)": lambda: roundtrip_chunks(state),
+        "wire (chunked + protobuf framing)": lambda: wire_roundtrip(state),
+        "pack/unpack (no chunking)": lambda: pack_roundtrip(state),
+        "np.save/np.load (reference)": lambda: npsave_roundtrip(arrays),
+    }, args.reps)
     ref = results["np.save/np.load (reference)"]
     print(f"model: {params:,} float32 parameters = {nbytes / 1e6:.2f} MB; median of {args.reps} runs")
     print(f"{'path':<36} {'ms':>8} {'MB/s':>9} {'vs np.save':>11}")
