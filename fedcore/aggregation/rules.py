@@ -30,6 +30,7 @@ from fedcore.aggregation.order import (
     order_workspace,
     trimmed_sum,
 )
+from fedcore.registry import Registry
 
 if TYPE_CHECKING:
     from fedcore.aggregation.config import AggregationConfig
@@ -367,26 +368,22 @@ class KNorm:
 # ---- registry ----
 
 RuleFactory = Callable[["AggregationConfig"], Rule]
-_REGISTRY: dict[str, RuleFactory] = {}
+_REGISTRY: Registry[RuleFactory] = Registry("aggregation rule", ValueError)
 
 
 def register_rule(name: str, factory: RuleFactory, *, replace: bool = False) -> None:
     """Make ``AggregationConfig(rule=name)`` build ``factory(config)``."""
-    if name in _REGISTRY and not replace:
-        raise ValueError(f"aggregation rule {name!r} is already registered")
-    _REGISTRY[name] = factory
+    _REGISTRY.add(name, factory, replace=replace)
 
 
 def rule_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def build_rule(config: AggregationConfig) -> Rule:
-    try:
-        factory = _REGISTRY[config.rule]
-    except KeyError:
-        raise ValueError(f"rule: unknown aggregation rule {config.rule!r}; known: {', '.join(rule_names())}") from None
-    return factory(config)
+    if config.rule not in _REGISTRY:
+        raise ValueError(f"rule: unknown aggregation rule {config.rule!r}; known: {', '.join(rule_names())}")
+    return _REGISTRY.get(config.rule)(config)
 
 
 def _trimmed(c: AggregationConfig) -> Rule:

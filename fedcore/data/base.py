@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from fedcore.registry import Registry
+
 
 class DataError(ValueError):
     """Unknown dataset, bad options, or data that does not fit the model."""
@@ -35,30 +37,21 @@ class ClientData:
 
 
 ShardLoader = Callable[..., ClientData]
-_REGISTRY: dict[str, ShardLoader] = {}
+_REGISTRY: Registry[ShardLoader] = Registry("dataset", DataError)
 
 
 def register_dataset(name: str) -> Callable[[ShardLoader], ShardLoader]:
-    def deco(fn: ShardLoader) -> ShardLoader:
-        if name in _REGISTRY:
-            raise ValueError(f"dataset {name!r} registered twice")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
+    return _REGISTRY.register(name)
 
 
 def available_datasets() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def load_client_data(dataset: str, client_index: int, seed: int,
                      options: Mapping[str, Any] | None = None) -> ClientData:
     """The shard of client ``client_index``: deterministic in (dataset, options, seed, index)."""
-    try:
-        loader = _REGISTRY[dataset]
-    except KeyError:
-        raise DataError(f"unknown dataset {dataset!r}; known: {', '.join(available_datasets())}") from None
+    loader = _REGISTRY.get(dataset)
     if client_index < 0:
         raise DataError(f"client index must be >= 0, got {client_index}")
     try:

@@ -9,28 +9,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedcore.registry import Registry
 from fedcore.serialization import TensorMeta, fingerprint, manifest_of
 
 ModelFactory = Callable[..., nn.Module]
-_REGISTRY: dict[str, ModelFactory] = {}
 
 
 class ModelError(ValueError):
     """Unknown model name, bad factory path or bad model arguments."""
 
 
-def register_model(name: str) -> Callable[[ModelFactory], ModelFactory]:
-    def deco(factory: ModelFactory) -> ModelFactory:
-        if name in _REGISTRY:
-            raise ValueError(f"model {name!r} registered twice")
-        _REGISTRY[name] = factory
-        return factory
+_REGISTRY: Registry[ModelFactory] = Registry("model", ModelError)
 
-    return deco
+
+def register_model(name: str) -> Callable[[ModelFactory], ModelFactory]:
+    return _REGISTRY.register(name)
 
 
 def available_models() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def resolve_factory(name: str) -> ModelFactory:
@@ -44,10 +41,7 @@ def resolve_factory(name: str) -> ModelFactory:
         if not callable(factory):
             raise ModelError(f"{name!r}: {module_name} has no callable {attr!r}")
         return factory  # type: ignore[no-any-return]
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ModelError(f"unknown model {name!r}; known: {', '.join(available_models())}") from None
+    return _REGISTRY.get(name)
 
 
 def build_model(name: str, kwargs: Mapping[str, Any] | None = None, seed: int | None = None) -> nn.Module:

@@ -102,3 +102,18 @@ def test_fedprox_term_keeps_weights_closer_to_the_start() -> None:
         return sum(float((p.detach() - q.detach()).norm() ** 2) for p, q in pairs)
 
     assert drift(5.0) < drift(0.0)
+
+
+def test_registry_refuses_duplicates_and_names_the_known_entries() -> None:
+    from fedcore.registry import Registry
+
+    reg: Registry[int] = Registry("widget", LookupError)
+    reg.register("b")(2)
+    reg.add("a", 1)
+    assert reg.get("a") == 1 and reg.names() == ["a", "b"] and "a" in reg
+    with pytest.raises(ValueError, match="already registered"):
+        reg.add("a", 3)
+    reg.add("a", 3, replace=True)
+    assert reg.get("a") == 3
+    with pytest.raises(LookupError, match="unknown widget 'c'; known: a, b"):
+        reg.get("c")
