@@ -392,6 +392,8 @@ class Coordinator:
         """Drive the federation until it finishes; returns the final status."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
+        # A new federation starts a new per-round record (an earlier run in the same directory is replaced).
+        (self.run_dir / "rounds.jsonl").write_text("")
         self.log.info("federation.started", federation_id=self.config.server.federation_id,
                       model=self.config.model.name, params=self.num_params, fingerprint=self.fingerprint,
                       rounds=self.config.rounds.num_rounds, k=self.config.rounds.clients_per_round)

@@ -29,7 +29,12 @@ if [ ! -d "$VENV" ]; then
 fi
 # Installs torch>=2.14 from PyPI (never the machine's local torch 2.13 CPU wheel, which torchvision's
 # PyPI wheels cannot load) plus everything in pyproject.toml; a no-op when all is already there.
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$_root[dev]"
+_log="$VENV/fedguard-install.log"
+if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$_root[dev]" >"$_log" 2>&1; then
+  cat "$_log" >&2
+  echo "setup: pip install failed (log above, also in $_log)" >&2
+  exit 1
+fi
 if ! _healthy; then
   echo "setup: the environment at $VENV cannot import torch/torchvision/grpc; remove it and retry" >&2
   exit 1

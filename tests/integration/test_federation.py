@@ -45,6 +45,13 @@ def test_five_clients_three_rounds_accuracy_rises(tmp_path: Path) -> None:
     assert not all(torch.equal(final[k], v) for k, v in build_model("mlp", seed=0).state_dict().items())
     lines = (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()
     assert len(lines) == 3
+    # A second federation in the same run directory starts its own record.
+    one_round = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 1})
+    again = ServerThread(one_round, linger_s=0.5).start()
+    extra = _client(again.address, 0).start()
+    again.wait(60)
+    extra.join(30)
+    assert len((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()) == 1
 
 
 def test_status_and_health_services(tmp_path: Path) -> None:
