@@ -112,6 +112,8 @@ class Left:
 @dataclass(frozen=True)
 class Tick:
     now: float
+    # Clients holding a connection open right now (parked in a long-poll): alive whatever their last message.
+    connected: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -265,7 +267,10 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
                                      obs.reason))
         s.attempt += 1
         _to_sampling(s, obs.now)
-    _advance(s, obs.now, config, limits, events, check_liveness=isinstance(obs, Tick))
+    if isinstance(obs, Tick):
+        _advance(s, obs.now, config, limits, events, check_liveness=True, connected=obs.connected)
+    else:
+        _advance(s, obs.now, config, limits, events)
     return s, events
 
 
@@ -286,9 +291,12 @@ def _to_sampling(s: RoundState, now: float) -> None:
 
 
 def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, events: list[Event],
-             check_liveness: bool = False) -> None:
+             check_liveness: bool = False, connected: frozenset[str] = frozenset()) -> None:
     if check_liveness:
         # A client silent past its patience leaves the available pool until it re-joins.
+        for cid in connected:
+            if cid in s.clients:
+                s.clients[cid].last_seen = now
         for cid in sorted(s.clients):
             rec = s.clients[cid]
             if rec.alive and now - rec.last_seen > limits.heartbeat_patience_s:

@@ -188,10 +188,9 @@ class Coordinator:
         return cid
 
     def touch(self, session: str) -> str:
+        """The client behind ``session`` was heard from (raises UNAUTHENTICATED for an unknown session)."""
         cid = self.client_of(session)
-        rec = self.state.clients[cid]
-        rec.last_seen = self.clock()
-        rec.alive = True
+        self.observe(rm.Seen(cid, self.clock()))
         return cid
 
     def leave(self, session: str, reason: str) -> None:
@@ -414,11 +413,8 @@ class Coordinator:
         return self.status()
 
     def _tick(self) -> None:
-        now = self.clock()
         # A client parked in a long-poll is connected, hence alive.
-        for cid in self._polling:
-            self.state.clients[cid].last_seen = now
-        self.observe(rm.Tick(now))
+        self.observe(rm.Tick(self.clock(), frozenset(self._polling)))
 
     def _finish(self, ev: rm.FederationFinished) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

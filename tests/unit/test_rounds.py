@@ -171,3 +171,13 @@ def test_failed_aggregation_reruns_the_round() -> None:
     assert ev[0] == rm.RoundAbandoned(1, 0, 2, 2, "krum needs more updates")
     assert isinstance(ev[1], rm.RoundStarted) and ev[1].round == 1 and ev[1].attempt == 1
     assert s.round == 1 and s.phase == rm.TRAINING
+
+
+def test_connected_clients_are_not_dropped_and_contact_revives() -> None:
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=3)
+    s = _machine(2, cfg)
+    s, ev = rm.step(s, rm.Tick(100.0, connected=frozenset({"c0"})), cfg, LIMITS)
+    assert ev == [rm.ClientDropped("c1", 100.0)]
+    assert s.alive_ids() == ["c0"]
+    s, _ = rm.step(s, rm.Seen("c1", 101.0), cfg, LIMITS)
+    assert s.alive_ids() == ["c0", "c1"]
