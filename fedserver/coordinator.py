@@ -106,6 +106,7 @@ class Coordinator:
         self.limits = rm.Limits(heartbeat_patience_s=config.server.heartbeat_patience_s)
         self.state = rm.RoundState(phase_since=clock())
         self.sessions: dict[str, str] = {}
+        self._session_of: dict[str, str] = {}
         self.history: list[dict[str, Any]] = []
         self._wake = asyncio.Event()
         self._task_cache: tuple[int, list[TensorMeta], bytearray] | None = None
@@ -170,11 +171,12 @@ class Coordinator:
             raise ProtocolError("FAILED_PRECONDITION",
                                 f"model fingerprint {model_fingerprint} does not match the federation's "
                                 f"{self.fingerprint}")
-        for sid, cid in list(self.sessions.items()):
-            if cid == client_id:
-                del self.sessions[sid]
+        old = self._session_of.pop(client_id, None)
+        if old is not None:  # a re-join replaces the client's previous session
+            self.sessions.pop(old, None)
         session = secrets.token_hex(16)
         self.sessions[session] = client_id
+        self._session_of[client_id] = session
         rejoin = client_id in self.state.clients
         self.observe(rm.Joined(client_id, self.clock(), num_samples, opt_out, attacker))
         index = self.state.clients[client_id].index
@@ -196,6 +198,7 @@ class Coordinator:
     def leave(self, session: str, reason: str) -> None:
         cid = self.client_of(session)
         del self.sessions[session]
+        self._session_of.pop(cid, None)
         self._told_finished.discard(cid)
         self.observe(rm.Left(cid, self.clock()))
         self.log.info("client.left", client_id=cid, reason=reason)
