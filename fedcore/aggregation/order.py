@@ -11,8 +11,11 @@ vectorized operations over cache-sized rows, with two interchangeable schedules:
   comparators that reach the requested positions (:func:`selection_network`); ``O(n log² n)``, cheapest
   for middle positions (median).
 
-:func:`order_statistics` picks the schedule with fewer comparators. Results are exact (min/max do not round)
-and ties are handled as in a sort. Inputs must be finite (the aggregators reject non-finite updates).
+:func:`order_statistics` picks the schedule with fewer comparators, unless even that one needs more than
+:data:`SORT_OPS_PER_ELEM` elementwise operations per input value: then (n >~ 100 rows and positions away from
+the ends, e.g. the median of 100 updates) numpy's SIMD sort of the chunk is cheaper and is used instead.
+Results are exact (min/max do not round) and ties are handled as in a sort. Inputs must be finite (the
+aggregators reject non-finite updates).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 # Column-chunk budget of the order-statistic kernels: n * c elements per working copy (8 MiB of float32), at
@@ -27,6 +31,10 @@ import torch
 ORDER_CHUNK_ELEMS = 1 << 21
 ORDER_CHUNK_MAX_COLS = 1 << 16
 ORDER_CHUNK_MIN_COLS = 1 << 10
+# Above this many min/max operations per input value, np.sort of the chunk (along the rows) is faster than the
+# comparator schedules: measured crossover on one core of an AMD EPYC VM, 17-19 operations (n = 70-100 rows);
+# at n = 200 (24 operations) the sort is ~1.8x faster (tools/bench_aggregation.py shows the effect per rule).
+SORT_OPS_PER_ELEM = 16.0
 
 
 def order_chunk_cols(n: int, num_params: int) -> int:
@@ -102,29 +110,55 @@ def _insertion_cost(n: int, k: int) -> int:
     return sum(min(i + 1, k) for i in range(n)) if k > 0 else 0
 
 
+@lru_cache(maxsize=256)
+def schedule(n: int, positions: tuple[int, ...], sortable: bool = True) -> str:
+    """How :func:`order_statistics` computes the given (sorted, distinct) positions of n rows: ``"insertion"``,
+    ``"network"``, or ``"sort"`` when that is cheaper than the cheaper comparator schedule (``sortable``:
+    the dtype is one numpy sorts)."""
+    low = [p for p in positions if p < n - 1 - p]
+    k_low = max(low) + 1 if low else 0
+    k_high = max((n - p for p in positions if p not in low), default=0)
+    insertion = _insertion_cost(n, k_low) + _insertion_cost(n, k_high)
+    network = len(selection_network(n, positions))
+    if sortable and 2 * min(insertion, network) > SORT_OPS_PER_ELEM * n:
+        return "sort"
+    return "insertion" if insertion <= network else "network"
+
+
+def _sortable(x: torch.Tensor) -> bool:
+    return x.dtype in (torch.float32, torch.float64)
+
+
+def sorted_columns(x: torch.Tensor) -> torch.Tensor:
+    """A sorted copy of ``[n, c]`` along the rows (numpy's SIMD sort; ``x`` may be a strided column slice)."""
+    return torch.from_numpy(np.sort(x.numpy(), axis=0))
+
+
 def order_statistics(x: torch.Tensor, positions: Sequence[int]) -> list[torch.Tensor]:
     """Values at the given 0-based positions of every column of ``[n, c]`` sorted ascending (``[c]`` each)."""
     n = int(x.shape[0])
     pos = tuple(sorted(set(positions)))
     if not pos or pos[0] < 0 or pos[-1] >= n:
         raise ValueError(f"positions must lie in [0, {n}), got {list(positions)}")
-    low = [p for p in pos if p < n - 1 - p]
-    k_low = max(low) + 1 if low else 0
-    k_high = max((n - p for p in pos if p not in low), default=0)
-    network = selection_network(n, pos)
+    how = schedule(n, pos, _sortable(x))
     values: dict[int, torch.Tensor] = {}
-    if _insertion_cost(n, k_low) + _insertion_cost(n, k_high) <= len(network):
-        if k_low:
-            regs = extreme_values(x, k_low)
+    if how == "sort":
+        ordered = sorted_columns(x)
+        values = {p: ordered[p] for p in pos}
+    elif how == "insertion":
+        low = [p for p in pos if p < n - 1 - p]
+        high = [p for p in pos if p not in low]
+        if low:
+            regs = extreme_values(x, max(low) + 1)
             values.update({p: regs[p] for p in low})
-        if k_high:
-            regs = extreme_values(x, k_high, largest=True)
-            values.update({p: regs[n - 1 - p] for p in pos if p not in low})
+        if high:
+            regs = extreme_values(x, n - min(high), largest=True)
+            values.update({p: regs[n - 1 - p] for p in high})
     else:
         work = x.clone()
         rows = list(work.unbind(0))
         spare = torch.empty_like(rows[0])
-        for i, j in network:
+        for i, j in selection_network(n, pos):
             torch.minimum(rows[i], rows[j], out=spare)
             torch.maximum(rows[i], rows[j], out=rows[j])
             rows[i], spare = spare, rows[i]
@@ -164,6 +198,8 @@ def trimmed_sum(x: torch.Tensor, m: int) -> torch.Tensor:
     n = int(x.shape[0])
     if m == 0:
         return x.sum(dim=0, dtype=torch.float64)
+    if schedule(n, (m, n - 1 - m), _sortable(x)) == "sort":
+        return sorted_columns(x)[m : n - m].sum(dim=0, dtype=torch.float64)
     lo, hi = order_statistics(x, [m, n - 1 - m])
     return clamped_sum(x, lo, hi).sub_(lo, alpha=m).sub_(hi, alpha=m)
 

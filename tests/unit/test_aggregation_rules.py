@@ -175,6 +175,25 @@ def test_order_statistics_equal_sorted_values(seed: int, n: int, data: st.DataOb
         assert torch.equal(v, ordered[p])
 
 
+@pytest.mark.parametrize("n, positions, schedule", [
+    (10, [0, 9], "insertion"), (30, [1, 28], "insertion"), (10, [5], "network"), (10, [1, 8], "network"),
+    (100, [1, 98], "insertion"),
+    (120, [60], "sort"), (120, [59, 60], "sort"), (150, [15, 134], "sort"), (150, [1, 148], "insertion"),
+])
+def test_each_order_statistic_schedule_equals_sorting(n: int, positions: list[int], schedule: str) -> None:
+    assert order.schedule(n, tuple(sorted(positions))) == schedule
+    g = torch.Generator().manual_seed(n)
+    for x in (torch.randn(n, 40, generator=g), torch.randint(-2, 3, (n, 40), generator=g).to(torch.float32),
+              torch.randn(n, 300, generator=g)[:, 7:47]):  # ties; a strided column slice, as the rules pass
+        ordered = torch.sort(x, dim=0).values
+        for p, v in zip(positions, order.order_statistics(x, positions), strict=True):
+            assert torch.equal(v, ordered[p])
+    if schedule == "sort" and positions[-1] == n - 1 - positions[0]:  # the trimmed sum sorts too
+        m = positions[0]
+        expected = ordered[m : n - m].to(torch.float64).sum(dim=0)
+        torch.testing.assert_close(order.trimmed_sum(x, m), expected)
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=rows_strategy, n=st.integers(1, 15), data=st.data())
 def test_closest_to_median_mean_matches_brute_force(seed: int, n: int, data: st.DataObject) -> None:
