@@ -32,7 +32,14 @@ from fedcore.data import ClientData, load_client_data
 from fedcore.log import get_logger
 from fedcore.metrics import load_private_model, save_private_model, train_private_model
 from fedcore.models import build_model, model_fingerprint, model_manifest
-from fedcore.serialization import Reassembler, SerializationError, fingerprint, manifest_of, pack
+from fedcore.serialization import (
+    DEFAULT_CHUNK_BYTES,
+    Reassembler,
+    SerializationError,
+    fingerprint,
+    manifest_of,
+    pack,
+)
 from fedcore.train import evaluate, train_local
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
@@ -447,7 +454,7 @@ class FedClient:
     def _push(self, round_: int, train_loss: float, metrics: dict[str, float]) -> None:
         assert self.model is not None and self._stub is not None and self.data is not None
         manifest, payload = pack(self.model.state_dict())
-        chunk_bytes = 1 << 20
+        chunk_bytes = (self._fed.chunk_bytes if self._fed is not None else 0) or DEFAULT_CHUNK_BYTES
 
         def messages() -> Iterator[pb.UpdateMessage]:
             yield pb.UpdateMessage(header=pb.UpdateHeader(

@@ -37,6 +37,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             num_rounds=cfg.rounds.num_rounds,
             seed=cfg.rounds.seed,
             nfl_mode="off",
+            chunk_bytes=cfg.server.chunk_bytes,
         )
 
     async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:

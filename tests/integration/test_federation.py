@@ -54,6 +54,19 @@ def test_five_clients_three_rounds_accuracy_rises(tmp_path: Path) -> None:
     assert len((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()) == 1
 
 
+def test_client_cuts_its_update_to_the_servers_chunk_size(tmp_path: Path) -> None:
+    # The model (18 KB) is larger than one message the server takes (8 KiB): both directions must chunk.
+    cfg = server_config(tmp_path, server={"chunk_bytes": 4096, "max_message_bytes": 8192},
+                        rounds={"num_rounds": 2, "clients_per_round": 2})
+    srv = ServerThread(cfg, linger_s=0.5).start()
+    clients = [_client(srv.address, i).start() for i in range(2)]
+    status = srv.wait(60)
+    summaries = [c.join(30) for c in clients]
+    assert status is not None and status["outcome"] == "completed"
+    assert [h["accepted"] for h in status["history"]] == [2, 2]
+    assert all(s.updates_accepted == 2 and s.updates_rejected == 0 for s in summaries)
+
+
 def test_status_and_health_services(tmp_path: Path) -> None:
     cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 2})
     srv = ServerThread(cfg, linger_s=0.2).start()
