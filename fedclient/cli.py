@@ -28,6 +28,7 @@ _FLAGS = {
     "give_up_after": (float, "stop after this many seconds without the server (0 = never)"),
     "torch_threads": (int, "torch intra-op threads (0 = torch default)"),
     "private_epochs": (int, "train a private model this many epochs first and report its accuracy P_i"),
+    "device": (str, "where to train: cpu (default), cuda, cuda:N, or auto (a GPU when torch sees one)"),
 }
 _PATHS = {"straggler_delay": "straggler_delay_s", "long_poll": "long_poll_s", "give_up_after": "give_up_after_s"}
 

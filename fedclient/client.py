@@ -40,7 +40,7 @@ from fedcore.serialization import (
     manifest_of,
     pack,
 )
-from fedcore.train import evaluate, train_local
+from fedcore.train import evaluate, resolve_device, train_local
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
@@ -115,6 +115,7 @@ class FedClient:
         self._model_spec = model
         self.data = data
         self.model: nn.Module | None = None
+        self.device = torch.device("cpu")  # resolved from config.device when the client runs
         self.client_id = self._resolve_client_id()
         self.summary = ClientSummary(self.client_id)
         self._stop = threading.Event()
@@ -155,6 +156,10 @@ class FedClient:
         """Take part until the federation finishes or :meth:`stop` is called."""
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
+        try:
+            self.device = resolve_device(self.config.device)
+        except ValueError as e:
+            raise FedClientError(str(e)) from None
         self._open_channel()
         threading.Thread(target=self._heartbeats, name=f"heartbeat-{self.client_id}", daemon=True).start()
         try:
@@ -294,6 +299,7 @@ class FedClient:
         if self.model is None:
             spec = self._model_spec
             self.model = spec if isinstance(spec, nn.Module) else self._model_factory(fed)()
+            self.model.to(self.device)
         server_manifest = wire.metas_from_pb(fed.model_spec)
         mine = model_manifest(self.model)
         if mine != server_manifest:
@@ -340,7 +346,7 @@ class FedClient:
                             momentum=t.momentum, weight_decay=t.weight_decay, grad_clip_norm=t.grad_clip_norm)
         started = time.monotonic()
         state, acc = train_private_model(self._model_factory(fed), self.data, tc, self.config.private_epochs,
-                                         seed=zlib.crc32(f"private/{self.client_id}".encode()))
+                                         seed=zlib.crc32(f"private/{self.client_id}".encode()), device=self.device)
         if self.config.state_dir:
             save_private_model(self.config.state_dir, state, acc, {"epochs": self.config.private_epochs})
         self.log.info("private_model.trained", client_id=self.client_id, accuracy=round(acc, 4),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import sys
 import types
 import typing
@@ -163,6 +164,9 @@ class ClientConfig:
     # Simulation only: play a data-poisoning attacker.
     attack: AttackConfig = field(default_factory=AttackConfig)
     torch_threads: int = 0
+    # Where local training, evaluation and the private model run: "cpu", "cuda", "cuda:N" or "auto" (the
+    # first GPU when torch sees one, else the CPU). Updates always travel as CPU tensors.
+    device: str = "cpu"
     log_json: bool = False
     log_level: str = "info"
 
@@ -252,6 +256,8 @@ def validate_client_config(c: ClientConfig) -> None:
     _check(c.straggler_delay_s >= 0, "straggler_delay_s", f"must be >= 0, got {c.straggler_delay_s}")
     _check(c.torch_threads >= 0, "torch_threads", f"must be >= 0, got {c.torch_threads}")
     _check(c.private_epochs >= 0, "private_epochs", f"must be >= 0, got {c.private_epochs}")
+    _check(re.fullmatch(r"cpu|auto|cuda(:\d+)?", c.device) is not None, "device",
+           f"one of 'cpu', 'cuda', 'cuda:N', 'auto', got {c.device!r}")
     _check(c.log_level in _LOG_LEVELS, "log_level", f"one of {sorted(_LOG_LEVELS)}, got {c.log_level!r}")
 
 

@@ -74,22 +74,25 @@ def predictions(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> tor
 # ---- private model ----
 
 def train_private_model(model_factory: Callable[[], nn.Module], data: ClientData, config: TrainingConfig,
-                        epochs: int, seed: int) -> tuple[dict[str, torch.Tensor], float]:
-    """Train a client's stand-alone model from a seeded initialisation; return (state dict, Pᵢ).
+                        epochs: int, seed: int, device: torch.device | str = "cpu") -> tuple[
+    dict[str, torch.Tensor], float
+]:
+    """Train a client's stand-alone model from a seeded initialisation; return (state dict on the CPU, Pᵢ).
 
     ``epochs`` epochs of :func:`fedcore.train.train_local` with ``config``'s batch size, learning rate, momentum,
-    weight decay and gradient clip (no FedProx term, no per-round decay). Pᵢ is the accuracy on ``data``'s test
-    split. Deterministic in ``seed``; the global torch RNG is left as it was.
+    weight decay and gradient clip (no FedProx term, no per-round decay), on ``device``. Pᵢ is the accuracy on
+    ``data``'s test split. Deterministic in ``seed`` (on the CPU; GPU kernels may round differently); the
+    global torch RNG is left as it was.
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     cfg = dataclasses.replace(config, local_epochs=epochs, prox_mu=0.0)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = model_factory()
+        model = model_factory().to(device)
         train_local(model, data.x_train, data.y_train, cfg, seed=seed)
     accuracy = local_accuracy(model, data)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     return state, accuracy
 
 

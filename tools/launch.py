@@ -7,8 +7,8 @@
 
 An experiment file is a server configuration (TOML) plus an optional ``[launch]`` table with the launcher's
 own options (``clients``, ``virtual``, ``procs``, ``attackers`` = fraction of attacker clients, ``attack`` =
-an attack table, ``private_epochs``); command-line flags win over it. Attackers are a seeded random subset
-of the client indices.
+an attack table, ``private_epochs``, ``device`` = where clients train); command-line flags win over it.
+Attackers are a seeded random subset of the client indices.
 
 Every client is a real gRPC client with its own channel; in ``--virtual`` mode each process hosts many of
 them as threads, each with its own shard (so a thousand clients fit on a small machine). Server options
@@ -34,7 +34,8 @@ from typing import IO, Any
 from fedcore.config import toml_literal
 
 COLUMNS = ("round", "selected", "accepted", "rejected", "train_loss", "test_acc", "beta", "beta_b", "nfl", "seconds")
-LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_epochs", "rounds", "k", "trainer"}
+LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_epochs", "rounds", "k", "trainer",
+               "device"}
 
 
 def _free_port() -> int:
@@ -130,12 +131,12 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
             cmd = [py, "-m", "tools.launch", "worker", "--server", address, "--first", str(first), "--count",
                    str(count), "--trainer", args.trainer, "--straggler-delay", str(args.straggler_delay),
                    "--private-epochs", str(args.private_epochs), "--attackers", ",".join(map(str, mine)),
-                   "--attack-json", json.dumps(args.attack)]
+                   "--attack-json", json.dumps(args.attack), "--device", args.device]
         else:
             cmd = [py, "-m", "fedclient", "--server", address, "--client-id", f"client-{first:05d}",
                    "--data-index", str(first), "--trainer", args.trainer, "--straggler-delay",
                    str(args.straggler_delay), "--torch-threads", "1", "--log-json", "--log-level", "warning",
-                   "--private-epochs", str(args.private_epochs)]
+                   "--private-epochs", str(args.private_epochs), "--device", args.device]
             if first in args.attacker_ids:
                 cmd += [item for k, v in args.attack.items() for item in ("--set", f"attack.{k}={toml_literal(v)}")]
         clients.append(subprocess.Popen(cmd, stdout=clog, stderr=subprocess.STDOUT, env=env))
@@ -236,7 +237,7 @@ def run_worker(args: argparse.Namespace) -> int:
     attack = from_dict(AttackConfig, json.loads(args.attack_json), "attack")
     clients = [FedClient(ClientConfig(server=args.server, client_id=f"client-{i:05d}", data_index=i,
                                       trainer=args.trainer, straggler_delay_s=args.straggler_delay,
-                                      private_epochs=args.private_epochs,
+                                      private_epochs=args.private_epochs, device=args.device,
                                       attack=attack if i in attackers else AttackConfig()))
                for i in range(args.first, args.first + args.count)]
     for c in clients:
@@ -273,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--private-epochs", type=int,
                     help="clients train a private model this long first, so beta = V_i - P_i is reported")
     ap.add_argument("--straggler-delay", type=float, default=0.0)
+    ap.add_argument("--device", help="where clients train: cpu (default), cuda, cuda:N or auto")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--run-dir", default="runs/launch")
     return ap
@@ -290,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         wp.add_argument("--private-epochs", type=int, default=0)
         wp.add_argument("--attackers", default="", help="comma-separated client indices")
         wp.add_argument("--attack-json", default="{}")
+        wp.add_argument("--device", default="cpu")
         return run_worker(wp.parse_args(argv[1:]))
     args = build_parser().parse_args(argv)
     run_dir = Path(args.run_dir)
@@ -299,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.config:
         launch_opts, args.server_config = split_experiment(args.config, run_dir)
     defaults = {"clients": 10, "virtual": False, "procs": 2, "trainer": "sgd", "attackers": 0.0,
-                "private_epochs": 0, "rounds": None if args.config else 20, "k": None}
+                "private_epochs": 0, "rounds": None if args.config else 20, "k": None, "device": "cpu"}
     for key, default in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, launch_opts.get(key, default))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -26,22 +27,47 @@ class EvalResult:
     num_samples: int
 
 
+def resolve_device(name: str) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (the first GPU if torch sees one, else the CPU) as a
+    device this process can use; :class:`ValueError` saying why when it cannot."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: this torch build or machine has no usable CUDA GPU "
+                             f"(torch {torch.__version__}); use device = 'cpu' or 'auto'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return dev
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's parameters (the CPU for a model without any)."""
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> EvalResult:
-    """Accuracy and mean cross-entropy of ``model`` on (x, y), in eval mode; restores the mode."""
+    """Accuracy and mean cross-entropy of ``model`` on (x, y), in eval mode; restores the mode.
+
+    Batches are moved to the model's device; the data may stay on the CPU."""
     if len(y) == 0:
         return EvalResult(float("nan"), float("nan"), 0)
     was_training = model.training
     model.eval()
-    correct = 0
-    total_loss = 0.0
+    dev = model_device(model)
+    correct = torch.zeros((), dtype=torch.long, device=dev)
+    total_loss = torch.zeros((), dtype=torch.float64, device=dev)
     with torch.no_grad():
         for start in range(0, len(y), batch_size):
-            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+            xb = x[start : start + batch_size].to(dev, non_blocking=True)
+            yb = y[start : start + batch_size].to(dev, non_blocking=True)
             logits = model(xb)
-            total_loss += float(F.cross_entropy(logits, yb, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == yb).sum())
+            total_loss += F.cross_entropy(logits, yb, reduction="sum")
+            correct += (logits.argmax(dim=1) == yb).sum()
     model.train(was_training)
-    return EvalResult(correct / len(y), total_loss / len(y), len(y))
+    return EvalResult(int(correct) / len(y), float(total_loss) / len(y), len(y))
 
 
 Batches = Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]]
@@ -74,10 +100,13 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Trai
     anchor = [p.detach().clone() for p in model.parameters()] if config.prox_mu > 0 else []
     source = batches or shuffled_batches(x, y, config.batch_size, seed)
     n_epochs = config.local_epochs if epochs is None else epochs
+    dev = model_device(model)
     model.train()
-    total, steps, samples = 0.0, 0, 0
+    total = torch.zeros((), dtype=torch.float64, device=dev)
+    steps, samples = 0, 0
     for e in range(n_epochs):
-        for xb, yb in source(e):
+        for xb_, yb_ in source(e):
+            xb, yb = xb_.to(dev, non_blocking=True), yb_.to(dev, non_blocking=True)
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(xb), yb)
             if anchor:
@@ -87,9 +116,10 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Trai
             if config.grad_clip_norm > 0:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
             opt.step()
-            total += float(loss.detach())
+            total += loss.detach()  # summed on the device: no synchronisation per step
             steps += 1
             samples += len(yb)
-    if steps and not torch.isfinite(torch.tensor(total)):
+    mean_loss = float(total) / max(steps, 1)
+    if steps and not math.isfinite(mean_loss):
         raise FloatingPointError("local training diverged (non-finite loss); lower the learning rate")
-    return TrainResult(total / max(steps, 1), samples, steps)
+    return TrainResult(mean_loss, samples, steps)

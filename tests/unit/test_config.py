@@ -75,6 +75,11 @@ def test_client_config_validation() -> None:
         ClientConfig(trainer="magic").validate()
     with pytest.raises(ConfigError, match="backoff_initial_s"):
         ClientConfig(backoff_initial_s=5, backoff_max_s=1).validate()
+    for device in ("cpu", "cuda", "cuda:1", "auto"):
+        assert ClientConfig(device=device).validate().device == device
+    for device in ("gpu", "cuda:", "cuda:x", ""):
+        with pytest.raises(ConfigError, match="device: one of"):
+            ClientConfig(device=device).validate()
 
 
 def test_json_config_files_and_toml_literals(tmp_path: Path) -> None:

@@ -117,3 +117,19 @@ def test_registry_refuses_duplicates_and_names_the_known_entries() -> None:
     assert reg.get("a") == 3
     with pytest.raises(LookupError, match="unknown widget 'c'; known: a, b"):
         reg.get("c")
+
+
+def test_device_resolution_is_clear_when_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedclient import ClientConfig, FedClient, FedClientError
+    from fedcore.train import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="no usable CUDA GPU"):
+        resolve_device("cuda:0")
+    # The client refuses before it contacts any server.
+    client = FedClient(ClientConfig(server="127.0.0.1:9", device="cuda"))
+    with pytest.raises(FedClientError, match="no usable CUDA GPU"):
+        client.run()
+    assert client.summary.reconnects == 0
