@@ -120,6 +120,8 @@ class EvaluationConfig:
     central: bool = False
     # Clients whose test splits form the pooled set; 0 uses data.options["num_clients"] (or 100).
     central_clients: int = 0
+    # Where the server evaluates: "cpu", "cuda", "cuda:N" or "auto" (a GPU when torch sees one).
+    device: str = "cpu"
 
 
 @dataclass
@@ -210,6 +212,7 @@ def validate_server_config(c: ServerConfig) -> None:
     _check(bool(c.data.dataset), "data.dataset", "must not be empty")
     _check(c.evaluation.central_clients >= 0, "evaluation.central_clients",
            f"must be >= 0, got {c.evaluation.central_clients}")
+    _check_device(c.evaluation.device, "evaluation.device")
     try:
         c.aggregation.validate(r.clients_per_round, r.effective_min_updates)
     except ValueError as e:
@@ -256,12 +259,16 @@ def validate_client_config(c: ClientConfig) -> None:
     _check(c.straggler_delay_s >= 0, "straggler_delay_s", f"must be >= 0, got {c.straggler_delay_s}")
     _check(c.torch_threads >= 0, "torch_threads", f"must be >= 0, got {c.torch_threads}")
     _check(c.private_epochs >= 0, "private_epochs", f"must be >= 0, got {c.private_epochs}")
-    _check(re.fullmatch(r"cpu|auto|cuda(:\d+)?", c.device) is not None, "device",
-           f"one of 'cpu', 'cuda', 'cuda:N', 'auto', got {c.device!r}")
+    _check_device(c.device, "device")
     _check(c.log_level in _LOG_LEVELS, "log_level", f"one of {sorted(_LOG_LEVELS)}, got {c.log_level!r}")
 
 
 _LOG_LEVELS = {"debug", "info", "warning", "error"}
+
+
+def _check_device(device: str, path: str) -> None:
+    _check(re.fullmatch(r"cpu|auto|cuda(:\d+)?", device) is not None, path,
+           f"one of 'cpu', 'cuda', 'cuda:N', 'auto', got {device!r}")
 
 
 def _valid_address(addr: str) -> bool:

@@ -87,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(config.model.name, config.model.kwargs)
         num_params = sum(p.numel() for p in model.state_dict().values() if p.is_floating_point())
         check_aggregation_memory(config, num_params)
+        if config.evaluation.central:
+            from fedserver.coordinator import evaluation_device
+
+            evaluation_device(config)
     except (ConfigError, ValueError) as e:
         print(f"fedserver: configuration error: {e}", file=sys.stderr)
         return 2

@@ -23,12 +23,21 @@ import torch
 
 from fedcore import rounds as rm
 from fedcore.aggregation import Aggregator, make_aggregator
-from fedcore.config import ServerConfig, check_aggregation_memory, to_dict
+from fedcore.config import ConfigError, ServerConfig, check_aggregation_memory, to_dict
 from fedcore.data import load_client_data
 from fedcore.log import get_logger
 from fedcore.metrics import central_accuracy, performance_gain, pooled_test_set
 from fedcore.models import build_model
 from fedcore.serialization import TensorMeta, fingerprint, manifest_of, pack, save_state
+from fedcore.train import resolve_device
+
+
+def evaluation_device(config: ServerConfig) -> torch.device:
+    """The device of the server's central evaluation; :class:`ConfigError` when this machine lacks it."""
+    try:
+        return resolve_device(config.evaluation.device)
+    except ValueError as e:
+        raise ConfigError("evaluation.device", str(e)) from None
 
 
 class ProtocolError(Exception):
@@ -118,7 +127,10 @@ class Coordinator:
         self._polling: dict[str, int] = {}
         self.run_dir = Path(config.server.run_dir)
         self._eval_model = model
-        self._central = self._load_central_test_set() if config.evaluation.central else None
+        self._central: tuple[torch.Tensor, torch.Tensor] | None = None
+        if config.evaluation.central:
+            self._eval_model = model.to(evaluation_device(config))
+            self._central = self._load_central_test_set()
 
     # ---- state machine plumbing ----
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedcore.serialization import load_state
 
@@ -78,6 +79,13 @@ def test_server_refuses_bad_config_naming_the_field(tmp_path: Path) -> None:
     r = subprocess.run([*_exe("fedserver"), "--model", "nonexistent_model"], capture_output=True, text=True,
                        timeout=60, env=_env())
     assert r.returncode == 2 and "unknown model 'nonexistent_model'" in r.stderr
+    r = subprocess.run([*_exe("fedserver"), "--set", "evaluation.device='gpu'"], capture_output=True, text=True,
+                       timeout=60, env=_env())
+    assert r.returncode == 2 and "evaluation.device: one of 'cpu', 'cuda'" in r.stderr
+    if not torch.cuda.is_available():  # asking for a GPU this machine lacks is a configuration error too
+        r = subprocess.run([*_exe("fedserver"), "--set", "evaluation.central=true", "--set",
+                            "evaluation.device='cuda'"], capture_output=True, text=True, timeout=60, env=_env())
+        assert r.returncode == 2 and "evaluation.device: device 'cuda': this torch build" in r.stderr
 
 
 def test_client_process_exits_2_on_model_mismatch(tmp_path: Path) -> None:
