@@ -8,14 +8,17 @@ and checks the byte counts before it builds a single tensor. No pickle is involv
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import sys
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -218,16 +221,28 @@ def save_state(path: str | os.PathLike[str], state: Mapping[str, torch.Tensor],
         "tensors": [{"name": m.name, "dtype": m.dtype, "shape": list(m.shape)} for m in manifest],
         "extra": dict(extra or {}),
     }).encode()
-    target = Path(path)
-    tmp = target.with_name(target.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as f:
         f.write(_MAGIC)
         f.write(len(header).to_bytes(8, "little"))
         f.write(header)
         f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary file that appears at ``path`` whole or not at all: written to a temp name unique to this
+    process and thread, synced, then renamed over ``path`` (readers never see a partial file, and concurrent
+    writers of the same path do not mix their bytes). On an error the temp file is removed."""
+    target = Path(path)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def load_state(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, object]]:

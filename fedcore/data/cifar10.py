@@ -47,6 +47,7 @@ from fedcore.data.loaders import (
     subsample_positions,
 )
 from fedcore.data.paths import SHARED_DATA_DIR, download_root, find_dataset_dir, is_inside, missing_message
+from fedcore.serialization import atomic_write
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -156,10 +157,8 @@ def _load_jpeg(tar_path: str, stamp: tuple[int, int], cache_dir: str | None) -> 
     if files:
         Path(cache_dir or ".").mkdir(parents=True, exist_ok=True)
         for k, p in files.items():
-            tmp = p.with_name(p.name + ".tmp")
-            with open(tmp, "wb") as f:
+            with atomic_write(p) as f:
                 np.save(f, getattr(arrays, k), allow_pickle=False)
-            os.replace(tmp, p)
     return arrays
 
 

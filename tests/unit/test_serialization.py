@@ -164,3 +164,31 @@ def test_no_pickle_in_the_wire_or_file_path() -> None:
         src = Path(mod.__file__ or "").read_text()
         for banned in ("import pickle", "torch.load", "torch.save", "np.load"):
             assert banned not in src, (mod.__name__, banned)
+
+
+def test_atomic_write_is_whole_or_nothing_and_writers_do_not_mix(tmp_path: Path) -> None:
+    import threading
+
+    from fedcore.serialization import atomic_write
+
+    target = tmp_path / "f.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic_write(target) as f:
+        f.write(b"half")
+        raise RuntimeError("crash mid-write")
+    assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+
+    def writer(byte: bytes) -> None:
+        for _ in range(20):
+            with atomic_write(target) as f:
+                for _ in range(64):
+                    f.write(byte * 1024)
+
+    threads = [threading.Thread(target=writer, args=(b,)) for b in (b"a", b"b", b"c")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    data = target.read_bytes()
+    assert len(data) == 64 * 1024 and len(set(data)) == 1  # one writer's file, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
