@@ -1,8 +1,9 @@
 """Draw accuracy and beta per round of one or more runs to a PNG (needs the ``plot`` extra: matplotlib).
 
     python -m tools.plot runs/mnist_nfl runs/mnist_ideal --out runs/mnist_beta.png
+    python -m tools.plot docs/results/cifar10_nfl.rounds.jsonl docs/results/cifar10_ideal.rounds.jsonl --out x.png
 
-Reads each run directory's ``rounds.jsonl``. Top panel: the clients' mean local test accuracy of the model
+Reads each run directory's ``rounds.jsonl`` (or a ``*.rounds.jsonl`` file named directly). Top panel: the clients' mean local test accuracy of the model
 they received (solid) and, when the server evaluated it, the central accuracy (dashed). Bottom panel: beta
 over benign clients (solid) and over all clients (dotted), with its 10-round moving average (thick).
 """
@@ -17,11 +18,16 @@ from pathlib import Path
 from typing import Any
 
 
-def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "rounds.jsonl"
+def read_rounds(run: Path) -> list[dict[str, Any]]:
+    """The rounds of a run directory (its ``rounds.jsonl``) or of a rounds file named directly."""
+    path = run if run.is_file() else run / "rounds.jsonl"
     if not path.exists():
-        raise SystemExit(f"plot: {path} does not exist (is {run_dir} a fedguard run directory?)")
+        raise SystemExit(f"plot: {path} does not exist (is {run} a fedguard run directory?)")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_label(run: Path) -> str:
+    return run.name.removesuffix(".jsonl").removesuffix(".rounds") if run.is_file() else run.name
 
 
 def moving_average(values: list[float], window: int = 10) -> list[float]:
@@ -41,25 +47,26 @@ def plot(runs: list[Path], out: Path, title: str = "") -> Path:
     fig, (ax_acc, ax_beta) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     for i, run in enumerate(runs):
         rows = read_rounds(run)
+        name = run_label(run)
         color = f"C{i}"
         r = [h["round"] for h in rows]
         nan = math.nan
-        ax_acc.plot(r, [h.get("mean_test_accuracy", nan) for h in rows], color=color, label=f"{run.name}: local")
+        ax_acc.plot(r, [h.get("mean_test_accuracy", nan) for h in rows], color=color, label=f"{name}: local")
         central = [h.get("central_accuracy", nan) for h in rows]
         if any(not math.isnan(c) for c in central):
-            ax_acc.plot(r, central, color=color, linestyle="--", label=f"{run.name}: central")
+            ax_acc.plot(r, central, color=color, linestyle="--", label=f"{name}: central")
         beta_b = [h.get("beta_benign", nan) for h in rows]
         ax_beta.plot(r, beta_b, color=color, alpha=0.35)
-        ax_beta.plot(r, moving_average(beta_b), color=color, linewidth=2.2, label=f"{run.name}: benign beta (MA10)")
+        ax_beta.plot(r, moving_average(beta_b), color=color, linewidth=2.2, label=f"{name}: benign beta (MA10)")
         ax_beta.plot(r, [h.get("beta", nan) for h in rows], color=color, linestyle=":", alpha=0.6,
-                     label=f"{run.name}: beta, all clients")
+                     label=f"{name}: beta, all clients")
     ax_beta.axhline(0.0, color="black", linewidth=0.8)
     ax_acc.set_ylabel("test accuracy")
     ax_beta.set_ylabel("beta = V_i - P_i")
     ax_beta.set_xlabel("round")
     ax_acc.legend(fontsize=8)
     ax_beta.legend(fontsize=8)
-    ax_acc.set_title(title or " vs ".join(run.name for run in runs))
+    ax_acc.set_title(title or " vs ".join(run_label(run) for run in runs))
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -70,7 +77,7 @@ def plot(runs: list[Path], out: Path, title: str = "") -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.plot", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories")
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories or rounds.jsonl files")
     ap.add_argument("--out", type=Path, help="PNG path (default: <first run>/accuracy_beta.png)")
     ap.add_argument("--title", default="")
     args = ap.parse_args(argv)
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("plot: matplotlib is not installed; pip install 'fedguard[plot]'", file=sys.stderr)
         return 2
-    out = plot(args.runs, args.out or args.runs[0] / "accuracy_beta.png", args.title)
+    out = plot(args.runs, args.out or (args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent) / "accuracy_beta.png", args.title)
     print(out)
     return 0
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.plot import main, moving_average
+from tools.plot import main, moving_average, run_label
 
 
 def test_moving_average_skips_nan() -> None:
@@ -23,6 +23,11 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "p.png"
     assert main([str(run), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A rounds file named directly (as kept in docs/results) works too and is labelled by its stem.
+    kept = tmp_path / "cifar10_nfl.rounds.jsonl"
+    kept.write_text((run / "rounds.jsonl").read_text())
+    assert run_label(kept) == "cifar10_nfl"
+    assert main([str(kept), str(run)]) == 0 and (tmp_path / "accuracy_beta.png").exists()
 
 
 def test_plot_refuses_a_directory_without_rounds(tmp_path: Path) -> None:
