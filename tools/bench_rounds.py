@@ -3,7 +3,10 @@
 Clients return the received model at once, so what is left is the protocol: long-poll hand-out of the
 model in chunks, upload stream, validation, FedAvg, state-machine steps, logging. Reports the median
 server-side seconds per round (round start -> aggregated), the wall-clock seconds between consecutive
-round completions, and the peak RSS (ru_maxrss from wait4) of the server and of each client process.
+round completions, and the memory of the server and of each client process: peak RSS (ru_maxrss from wait4)
+and peak private memory (RssAnon from /proc/PID/status, sampled every 20 ms). RSS counts the pages of shared
+libraries too (libtorch alone maps hundreds of MB that every process shares through the page cache); the
+private part is what each extra process really costs.
 
     python tools/bench_rounds.py                     # K = 10, 20 timed rounds, synthetic MLP
     python tools/bench_rounds.py --hidden 1024 512   # a ~0.6M-parameter MLP instead
@@ -31,18 +34,40 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait4(p: subprocess.Popen[bytes], timeout: float) -> tuple[int, float]:
-    """Exit code and peak RSS in MiB of one child process."""
+def _rss_anon_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> list[tuple[int, float, float]]:
+    """Wait for every process; (exit code, peak RSS MiB from wait4, peak RssAnon MiB sampled) of each."""
     deadline = time.monotonic() + timeout
-    while True:
-        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-        if pid == p.pid:
-            p.returncode = os.waitstatus_to_exitcode(status)
-            return p.returncode, usage.ru_maxrss / 1024.0
+    results: dict[int, tuple[int, float]] = {}
+    anon = dict.fromkeys(range(len(procs)), 0.0)
+    while len(results) < len(procs):
+        for i, p in enumerate(procs):
+            if i in results:
+                continue
+            a = _rss_anon_mib(p.pid)
+            if a is not None:
+                anon[i] = max(anon[i], a)
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid == p.pid:
+                p.returncode = os.waitstatus_to_exitcode(status)
+                results[i] = (p.returncode, usage.ru_maxrss / 1024.0)
         if time.monotonic() > deadline:
-            p.kill()
-            raise TimeoutError(f"process {p.args!r} did not finish")
+            for i, p in enumerate(procs):
+                if i not in results:
+                    p.kill()
+            raise TimeoutError("benchmark processes did not finish")
         time.sleep(0.02)
+    return [(*results[i], anon[i]) for i in range(len(procs))]
 
 
 def main() -> int:
@@ -73,12 +98,11 @@ def main() -> int:
                      str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning"]
                     for i in range(args.k)]
         clients = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for c in cmds]
-        rc, server_rss = _wait4(server, 600)
-        client_res = [_wait4(c, 60) for c in clients]
+        (rc, server_rss, server_anon), *client_res = wait_all([server, *clients], 600)
         events = [json.loads(line) for line in (Path(tmp) / "server.log").read_text().splitlines()
                   if line.startswith("{")]
-    if rc != 0 or any(code != 0 for code, _ in client_res):
-        print(f"benchmark run failed: server {rc}, clients {[c for c, _ in client_res]}", file=sys.stderr)
+    if rc != 0 or any(code != 0 for code, _, _ in client_res):
+        print(f"benchmark run failed: server {rc}, clients {[c for c, _, _ in client_res]}", file=sys.stderr)
         return 1
     done = [e for e in events if e["event"] == "round.completed"]
     assert len(done) == total, len(done)
@@ -87,7 +111,8 @@ def main() -> int:
     stamps = [datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp() for e in done]
     wall = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     start = next(e for e in events if e["event"] == "federation.started")
-    rss = [r for _, r in client_res]
+    rss = [r for _, r, _ in client_res]
+    anon = [a for _, _, a in client_res]
     print(f"K = {args.k} clients ({'threads of one process' if args.virtual else 'one process each'}), "
           f"no-op trainer, {start['params']:,}-parameter MLP, {args.rounds} timed rounds after 1 warm-up")
     print(f"median seconds per round (start -> aggregated): {statistics.median(per_round):.4f}  "
@@ -95,6 +120,8 @@ def main() -> int:
     print(f"wall seconds per round (between completions):   {wall:.4f}")
     print(f"peak RSS server: {server_rss:.0f} MiB; client process: median {statistics.median(rss):.0f} MiB, "
           f"max {max(rss):.0f} MiB")
+    print(f"peak private (RssAnon) server: {server_anon:.0f} MiB; client process: median "
+          f"{statistics.median(anon):.0f} MiB, max {max(anon):.0f} MiB")
     return 0
 
 

@@ -3,9 +3,10 @@
     python -m tools.plot runs/mnist_nfl runs/mnist_ideal --out runs/mnist_beta.png
     python -m tools.plot docs/results/cifar10_nfl.rounds.jsonl docs/results/cifar10_ideal.rounds.jsonl --out x.png
 
-Reads each run directory's ``rounds.jsonl`` (or a ``*.rounds.jsonl`` file named directly). Top panel: the clients' mean local test accuracy of the model
-they received (solid) and, when the server evaluated it, the central accuracy (dashed). Bottom panel: beta
-over benign clients (solid) and over all clients (dotted), with its 10-round moving average (thick).
+Reads each run directory's ``rounds.jsonl`` (or a ``*.rounds.jsonl`` file named directly). Top panel: the
+clients' mean local test accuracy of the model they received (solid) and, when the server evaluated it, the
+central accuracy (dashed). Bottom panel: beta over benign clients (solid) and over all clients (dotted), with
+its 10-round moving average (thick).
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("plot: matplotlib is not installed; pip install 'fedguard[plot]'", file=sys.stderr)
         return 2
-    out = plot(args.runs, args.out or (args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent) / "accuracy_beta.png", args.title)
+    first = args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent
+    out = plot(args.runs, args.out or first / "accuracy_beta.png", args.title)
     print(out)
     return 0
 
