@@ -108,6 +108,8 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
         server_cmd += ["-k", str(args.clients)]
     if args.min_updates is not None:
         server_cmd += ["--min-updates", str(args.min_updates)]
+    if args.min_available is not None:
+        server_cmd += ["--min-available", str(args.min_available)]
     if args.round_timeout is not None:
         server_cmd += ["--round-timeout", str(args.round_timeout)]
     for item in args.server_set:
@@ -262,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, help="rounds R (default: the config's, else 20)")
     ap.add_argument("-k", type=int, help="updates per round K (default: the config's, else N)")
     ap.add_argument("--min-updates", type=int)
+    ap.add_argument("--min-available", type=int,
+                    help="clients that must be ready before a round starts (default: all N, unless the experiment "
+                         "file or --server-set sets rounds.min_available): round 1 then selects from the whole "
+                         "fleet, not from the clients that happened to finish their private model first")
     ap.add_argument("--round-timeout", type=float)
     ap.add_argument("--seed", type=int, help="server seed (default: the config's, else 0)")
     ap.add_argument("--config", help="experiment file: server TOML plus an optional [launch] table")
@@ -278,6 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--run-dir", default="runs/launch")
     return ap
+
+
+def _configures_min_available(args: argparse.Namespace) -> bool:
+    """Whether the experiment file or a --server-set override sets rounds.min_available itself."""
+    if any(item.replace(" ", "").startswith("rounds.min_available=") for item in args.server_set):
+        return True
+    if args.server_config:
+        rounds = json.loads(Path(args.server_config).read_text()).get("rounds", {})
+        return "min_available" in rounds
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.attackers and attack.get("kind", "none") == "none":
         print("launch: --attackers needs an attack kind (--attack or [launch.attack] kind)", file=sys.stderr)
         return 2
+    if args.min_available is None and not _configures_min_available(args):
+        args.min_available = args.clients
     args.attacker_ids = attacker_indices(args.clients, args.attackers, args.seed or 0)
     t0 = time.monotonic()
     launch = start(args, run_dir)

@@ -116,3 +116,5 @@ def test_launcher_virtual_mode_prints_one_row_per_round(tmp_path: Path) -> None:
     assert any(line.startswith("last 3 rounds: test_acc") for line in lines)
     assert "client processes ok 2/2" in r.stdout
     assert (tmp_path / "run" / "final_model.fgt").exists()
+    # Round 1 waited for the whole fleet: the launcher asks for min_available = N unless told otherwise.
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["rounds"]["min_available"] == 6
