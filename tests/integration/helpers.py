@@ -59,3 +59,18 @@ def mark_ready(s: pb_grpc.FederationStub, sessions: Iterator[str] | list[str]) -
     """A zero-wait poll per session: the server counts a client as available once it has asked for work."""
     for sid in sessions:
         list(s.PullTask(pb.PullTaskRequest(session_id=sid, max_wait_s=0.0), timeout=10))
+
+
+def run_federation(config: ServerConfig, num_clients: int, timeout: float = 120.0, linger_s: float = 1.0,
+                   **client_options: Any) -> tuple[dict[str, Any] | None, list[Any]]:
+    """Serve ``config`` in a thread with ``num_clients`` embedded FedClients (client-i on shard i) until the
+    federation ends; returns the server's final status and the clients' summaries."""
+    from fedclient import ClientConfig, FedClient
+    from fedserver import ServerThread
+
+    srv = ServerThread(config, linger_s=linger_s).start()
+    clients = [FedClient(ClientConfig(server=srv.address, client_id=f"client-{i}", data_index=i, long_poll_s=5.0,
+                                      **client_options)).start()
+               for i in range(num_clients)]
+    status = srv.wait(timeout)
+    return status, [c.join(30) for c in clients]

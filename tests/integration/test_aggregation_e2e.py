@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedclient import ClientConfig, FedClient
 from fedcore.config import ConfigError
 from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import ServerThread
-from tests.integration.helpers import mark_ready, pull_model, server_config, stub, update_messages
+from tests.integration.helpers import mark_ready, pull_model, run_federation, server_config, stub, update_messages
 
 
 @pytest.mark.parametrize("rule", ["median", "trimmed_mean", "krum", "knorm"])
@@ -22,11 +21,7 @@ def test_rule_and_dp_from_config_run_over_grpc(tmp_path: Path, rule: str) -> Non
     if rule == "trimmed_mean":
         agg["trim_m"] = 1
     cfg = server_config(tmp_path, rounds={"num_rounds": 2, "clients_per_round": 5}, aggregation=agg)
-    srv = ServerThread(cfg, linger_s=1.0).start()
-    clients = [FedClient(ClientConfig(server=srv.address, client_id=f"c{i}", data_index=i)).start() for i in range(5)]
-    status = srv.wait(120)
-    for c in clients:
-        c.join(30)
+    status, _ = run_federation(cfg, 5)
     assert status is not None and status["outcome"] == "completed"
     for h in status["history"]:
         m = h["metrics"]

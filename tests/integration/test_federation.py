@@ -16,7 +16,7 @@ from fedcore.models import build_model
 from fedcore.serialization import load_state
 from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import ServerThread
-from tests.integration.helpers import server_config, stub
+from tests.integration.helpers import run_federation, server_config, stub
 
 
 def _client(address: str, i: int, **kw: object) -> FedClient:
@@ -27,10 +27,7 @@ def _client(address: str, i: int, **kw: object) -> FedClient:
 def test_five_clients_three_rounds_accuracy_rises(tmp_path: Path) -> None:
     cfg = server_config(tmp_path, rounds={"num_rounds": 3, "clients_per_round": 5},
                         training={"local_epochs": 2, "learning_rate": 0.05})
-    srv = ServerThread(cfg, linger_s=1.0).start()
-    clients = [_client(srv.address, i).start() for i in range(5)]
-    status = srv.wait(120)
-    summaries = [c.join(30) for c in clients]
+    status, summaries = run_federation(cfg, 5)
     assert status is not None and status["finished"] and status["outcome"] == "completed"
     hist = status["history"]
     assert [h["round"] for h in hist] == [1, 2, 3]
@@ -58,10 +55,7 @@ def test_client_cuts_its_update_to_the_servers_chunk_size(tmp_path: Path) -> Non
     # The model (18 KB) is larger than one message the server takes (8 KiB): both directions must chunk.
     cfg = server_config(tmp_path, server={"chunk_bytes": 4096, "max_message_bytes": 8192},
                         rounds={"num_rounds": 2, "clients_per_round": 2})
-    srv = ServerThread(cfg, linger_s=0.5).start()
-    clients = [_client(srv.address, i).start() for i in range(2)]
-    status = srv.wait(60)
-    summaries = [c.join(30) for c in clients]
+    status, summaries = run_federation(cfg, 2, timeout=60)
     assert status is not None and status["outcome"] == "completed"
     assert [h["accepted"] for h in status["history"]] == [2, 2]
     assert all(s.updates_accepted == 2 and s.updates_rejected == 0 for s in summaries)
