@@ -16,6 +16,14 @@ skipped and listed as such.
 
     python tools/bench_aggregation.py            # K in {10, 100}, P in {1e6, 1e7}
     python tools/bench_aggregation.py --quick    # K = 10, P = 1e5: a smoke run in seconds
+    python tools/bench_aggregation.py --fedavg-throughput   # exact streaming FedAvg add() vs a float32 sum
+
+``--fedavg-throughput`` (in this process, for each P in ``--ps`` and each torch thread count in
+``--fp-threads``; K = 10 distinct updates, ``--reps`` repetitions, median): GB/s of float32 update bytes
+(K*P*4 / time of the K calls) of a plain float32 running sum ``sum.add_(u, alpha=w)`` (the old, arrival-order
+dependent StreamingFedAvg), of the exact fixed-point sum alone (fedcore.aggregation.fixedpoint), and of
+the whole StreamingFedAvg.add() (validation, range check, exact sum) without and with the w_div sketch.
+It then checks that the K updates added in reverse order give a bit-identical global model.
 
 Run it with ``nice`` on a shared machine; timings on a loaded machine vary by 2x between runs.
 """
@@ -30,13 +38,22 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedcore.aggregation import AggregationConfig, BufferedAggregator, build_rule, estimate_memory, make_aggregator
+from fedcore.aggregation import (
+    AggregationConfig,
+    BufferedAggregator,
+    StreamingFedAvg,
+    build_rule,
+    estimate_memory,
+    make_aggregator,
+)
+from fedcore.aggregation.fixedpoint import FixedPointSum
 
 VARIANTS = [
     "fedavg", "fedavg+dp", "fedavg-exact", "median", "trimmed_mean", "trimmed_mean+dp",
@@ -143,6 +160,84 @@ def run_child(variant: str, k: int, p: int, seed: int, with_numpy: bool) -> dict
     return out
 
 
+# ---- exact streaming FedAvg: add() throughput ----
+
+FP_COLUMNS = ("float32 add_", "exact sum", "Streaming.add", "+sketch")
+
+
+def _gbps(k: int, p: int, seconds: float) -> float:
+    return k * p * 4 / seconds / 1e9
+
+
+def fedavg_throughput(p: int, threads: int, k: int, reps: int, sketch_dim: int, seed: int) -> dict[str, Any]:
+    """Median add() throughput (GB/s of update bytes) of the four accumulations over the same K updates."""
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(seed)
+    updates = [torch.randn(p, generator=gen) * 0.01 for _ in range(k)]
+    weights = [float(10 + (i * 37) % 50) for i in range(k)]
+    keys = [f"client-{i:03d}" for i in range(k)]
+
+    def plain() -> float:
+        acc = torch.zeros(p, dtype=torch.float32)
+        t0 = time.perf_counter()
+        for u, w in zip(updates, weights, strict=True):
+            acc.add_(u, alpha=w)
+        return time.perf_counter() - t0
+
+    def exact() -> float:
+        acc = FixedPointSum(p)
+        t0 = time.perf_counter()
+        for u, w in zip(updates, weights, strict=True):
+            acc.add(u, w)
+        return time.perf_counter() - t0
+
+    def streaming(d: int) -> float:
+        agg = StreamingFedAvg(p, sketch_dim=d, max_update_norm=math.inf)
+        t0 = time.perf_counter()
+        for u, w, key in zip(updates, weights, keys, strict=True):
+            agg.add(u, w, key=key)
+        return time.perf_counter() - t0
+
+    runs: dict[str, Callable[[], float]] = {
+        FP_COLUMNS[0]: plain,
+        FP_COLUMNS[1]: exact,
+        FP_COLUMNS[2]: lambda: streaming(0),
+        FP_COLUMNS[3]: lambda: streaming(sketch_dim),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(reps):  # interleaved, so that a burst of load on the machine hits all columns alike
+        for name, run in runs.items():
+            samples[name].append(_gbps(k, p, run()))
+    out: dict[str, Any] = {"p": p, "threads": threads, "k": k, "reps": reps}
+    out.update({name: float(np.median(v)) for name, v in samples.items()})
+    out.update({f"{name} min": min(v) for name, v in samples.items()})
+    results = []
+    for order in (range(k), reversed(range(k))):
+        agg = StreamingFedAvg(p, sketch_dim=sketch_dim, max_update_norm=math.inf)
+        for i in order:
+            agg.add(updates[i], weights[i], key=keys[i])
+        results.append(agg.finalize(torch.zeros(p)))
+    out["order_independent"] = bool(torch.equal(results[0].new_global, results[1].new_global)
+                                    and results[0].metrics == results[1].metrics)
+    return out
+
+
+def print_fedavg_throughput(rows: list[dict[str, Any]], sketch_dim: int) -> None:
+    print(f"\nadd() throughput, GB/s of float32 update bytes (K={rows[0]['k']}, median of {rows[0]['reps']}; "
+          f"min in parentheses); +sketch: sketch_dim={sketch_dim}")
+    head = f"{'P':>9} {'threads':>7} " + " ".join(f"{c:>16}" for c in FP_COLUMNS) + f" {'order-indep.':>12}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        cells = " ".join(f"{r[c]:>8.2f} ({r[c + ' min']:>5.2f})" for c in FP_COLUMNS)
+        print(f"{r['p']:>9.0e} {r['threads']:>7} {cells} {'yes' if r['order_independent'] else 'NO':>12}")
+    worst = min(min(r[c] for c in FP_COLUMNS[1:]) for r in rows)
+    print(f"\nexact streaming FedAvg: lowest median add() throughput {worst:.2f} GB/s (goal >= 1 GB/s); columns: "
+          f"{FP_COLUMNS[0]} = old float32 running sum, {FP_COLUMNS[1]} = FixedPointSum.add alone, "
+          f"{FP_COLUMNS[2]} = StreamingFedAvg.add (validate + range check + exact sum), {FP_COLUMNS[3]} = with "
+          f"the w_div CountSketch")
+
+
 # ---- driver ----
 
 
@@ -182,6 +277,14 @@ def main(argv: list[str] | None = None) -> int:
                          "each other and make small operations 10-100x slower")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="", help="also write the results to this file")
+    ap.add_argument("--fedavg-throughput", action="store_true",
+                    help="add() throughput of the exact streaming FedAvg vs a float32 running sum (K = 10)")
+    ap.add_argument("--fp-threads", default="1,2",
+                    help="--fedavg-throughput: comma-separated torch thread counts (the exact sum splits an add "
+                         "over that many threads)")
+    ap.add_argument("--reps", type=int, default=7, help="--fedavg-throughput: repetitions (median reported)")
+    ap.add_argument("--sketch-dim", type=int, default=AggregationConfig().sketch_dim,
+                    help="--fedavg-throughput: sketch width of the +sketch column")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -194,6 +297,22 @@ def main(argv: list[str] | None = None) -> int:
 
     ks = [10] if args.quick else [int(float(x)) for x in args.ks.split(",")]
     ps = [100_000] if args.quick else [int(float(x)) for x in args.ps.split(",")]
+    if args.fedavg_throughput:
+        thread_counts = [int(x) for x in args.fp_threads.split(",") if x.strip()]
+        print(f"exact streaming FedAvg add() throughput: torch {torch.__version__}, numpy {np.__version__}, "
+              f"{os.cpu_count()} CPUs", flush=True)
+        tp_rows = []
+        for p in ps:
+            for threads in thread_counts:
+                tp_rows.append(fedavg_throughput(p, threads, 10, args.reps, args.sketch_dim, args.seed))
+                r = tp_rows[-1]
+                print(f"  P={p:.0e} threads={threads}: " + ", ".join(f"{c} {r[c]:.2f}" for c in FP_COLUMNS),
+                      flush=True)
+        print_fedavg_throughput(tp_rows, args.sketch_dim)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(tp_rows, fh, indent=1)
+        return 0
     variants = [v.strip() for v in args.rules.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:

@@ -9,8 +9,10 @@ previous global model to get the new global model and the round's aggregation me
 Modules: :mod:`.config` (config, result, errors), :mod:`.steps` (validate, clip, noise), :mod:`.rules`
 (rules and their registry), :mod:`.order` (coordinate-wise order statistics), :mod:`.pipeline`
 (composition, and :func:`aggregate` as one pure function over a stacked ``[K, P]`` tensor),
-:mod:`.metrics` (w_div, Delta, sketch), :mod:`.memory` (memory arithmetic), :mod:`.base` (the
-incremental aggregators and :func:`make_aggregator`).
+:mod:`.metrics` (w_div, Delta, sketch), :mod:`.memory` (memory arithmetic), :mod:`.fixedpoint` (the exact,
+order-independent running sum of streaming FedAvg), :mod:`.base` (the incremental aggregators and
+:func:`make_aggregator`). Every aggregator's result is bit-for-bit independent of the order in which updates
+arrive (see :mod:`.base`).
 """
 
 from fedcore.aggregation.base import (

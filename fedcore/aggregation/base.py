@@ -1,10 +1,17 @@
 """The aggregator interface the coordinator uses, and its two implementations.
 
-- :class:`StreamingFedAvg`: weighted (or plain) FedAvg as a running sum, memory independent of K, with
-  server-side DP (clip each update as it arrives, add noise at the end) and a CountSketch estimate of w_div.
+- :class:`StreamingFedAvg`: weighted (or plain) FedAvg as an exact fixed-point running sum
+  (:mod:`fedcore.aggregation.fixedpoint`), memory independent of K, with server-side DP (clip each update as
+  it arrives, add noise at the end) and a CountSketch estimate of w_div.
 - :class:`BufferedAggregator`: every other rule (and FedAvg with ``exact_metrics``): updates are validated,
-  clipped and written as they arrive into ONE preallocated ``[K, P]`` float32 buffer; ``finalize`` runs the
-  rule, the noise and the exact metrics over the filled rows.
+  clipped and written as they arrive into ONE preallocated ``[K, P]`` float32 buffer; ``finalize`` puts the
+  filled rows in canonical order and runs the rule, the noise and the exact metrics over them.
+
+Arrival order: every update is added with a ``key`` naming its sender (the coordinator passes the client id;
+keys are unique within a round). The result of ``finalize`` -- new global model and metrics -- is bit-for-bit
+the same for any order of the same adds: streaming FedAvg sums exactly (integer arithmetic) and reduces its
+per-update statistics in key order; the buffered aggregator sorts its rows by key before the rule runs.
+Updates with equal keys (e.g. the default ``""``) keep the order in which they were added.
 
 Both validate each update in :meth:`add` (shape, finite values, norm ceiling, weight) and raise
 :class:`ValueError` with the reason for a bad one, which is then counted in ``num_rejected`` and never
@@ -14,11 +21,14 @@ averaged in; :meth:`check` is the same validation as a dry run.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from fedcore.aggregation import fixedpoint
 from fedcore.aggregation.config import AggregationConfig, AggregationResult, TooFewUpdatesError
+from fedcore.aggregation.fixedpoint import FixedPointSum
 from fedcore.aggregation.memory import check_memory, uses_buffer
 from fedcore.aggregation.metrics import CountSketch, norm_stats, sketched_weight_divergence
 from fedcore.aggregation.pipeline import Pipeline
@@ -40,10 +50,12 @@ class Aggregator(Protocol):
         """Why ``update`` would be rejected by :meth:`add`, or None if it is acceptable (nothing is recorded)."""
         ...
 
-    def add(self, update: torch.Tensor, weight: float) -> None:
-        """Take one client's flattened update u_i (shape [P]) with its weight n_i.
+    def add(self, update: torch.Tensor, weight: float, key: str = "") -> None:
+        """Take one client's flattened update u_i (shape [P]) with its weight n_i, sent by ``key``.
 
-        Raises :class:`ValueError` with the reason (and counts it as rejected) for a bad update or weight.
+        ``key`` identifies the sender (unique within a round); the result does not depend on the order of
+        the adds. Raises :class:`ValueError` with the reason (and counts it as rejected) for a bad update or
+        weight.
         """
         ...
 
@@ -67,12 +79,38 @@ def _weight(weight: float, weighted: bool) -> tuple[float, str | None]:
     return w, None
 
 
+@dataclass(frozen=True)
+class _Received:
+    """What streaming FedAvg keeps of one accepted update (a few numbers and its d-float sketch)."""
+
+    key: str
+    seq: int
+    norm: float
+    weight: float
+    sketch: torch.Tensor | None
+
+
 class StreamingFedAvg:
-    """Running (weighted) sum of clipped updates: memory is a few [P] vectors whatever the number of clients.
+    """Exact running (weighted) sum of clipped updates: memory is a few [P] vectors whatever the number of
+    clients, and the result is bit-for-bit independent of the order in which updates arrive.
 
     ``finalize`` returns ``w^{r-1} + Σ w_i Clip(u_i, S) / Σ w_i + N(0, σ² I)`` (LINDT Eq. 4 when unweighted).
     w_div and delta are *estimates* from a CountSketch of each raw update when ``sketch_dim > 0``
     (``w_div_exact = 0``); with ``sketch_dim = 0`` they are not reported at all.
+
+    The sum ``Σ w_i s_i u_i`` (s_i the clip scale) is kept in 128-bit fixed point
+    (:class:`~fedcore.aggregation.fixedpoint.FixedPointSum`, two int64 per coordinate): each term
+    ``c = float64(u) * (w_i * s_i)`` is rounded once to the resolution ``2^-63`` and added exactly.
+
+    - Range: every coordinate of every weighted, clipped update must satisfy ``|w_i s_i u_ij| <= 2^30``
+      (about 1.07e9); an update beyond it is refused with a ValueError and counted as rejected (checked
+      from the update's norm, and from its max-abs only when the norm alone does not settle it). The weighted
+      sum then stays within ``±2^46``. At most ``2^16`` (65536) updates per round.
+    - Resolution ``2^-63`` (about 1.08e-19) per term; the weight total ``Σ w_i`` is a correctly rounded
+      ``math.fsum`` (exact for sample counts). The mean ``(sum / Σ w_i)`` is formed in float64 from the
+      exact integers and rounded to float32 once, so it agrees with a float64 reference to float32 rounding.
+    - Order: the integer sums are order-independent; the norm statistics and the sketches are reduced in key
+      order (ties in arrival order).
     """
 
     def __init__(
@@ -85,22 +123,26 @@ class StreamingFedAvg:
         max_update_norm: float = math.inf,
         sketch_dim: int = 0,
         sketch_seed: int = 0,
+        workers: int | None = None,
     ) -> None:
-        self._sum = torch.zeros(num_params, dtype=torch.float32)
-        self._weight = 0.0
+        self._sum = FixedPointSum(num_params, workers)
         self._weighted = weighted
         self._validate = Validate(num_params, max_update_norm)
         self._clip = Clip(clip_norm)
         self._noise = GaussianNoise(noise_sigma)
         self._sketch = CountSketch(num_params, sketch_dim, sketch_seed) if sketch_dim > 0 else None
-        self._sketches: list[torch.Tensor] = []
-        self._norms: list[float] = []
+        self._received: list[_Received] = []
         self._num_clipped = 0
         self._rejected: list[str] = []
 
     @property
     def count(self) -> int:
-        return len(self._norms)
+        return len(self._received)
+
+    @property
+    def accumulators(self) -> tuple[torch.Tensor, ...]:
+        """The ``[P]`` int64 accumulators of the exact sum (their size does not depend on the count)."""
+        return self._sum.hi, self._sum.lo
 
     def check(self, update: torch.Tensor) -> str | None:
         return self._validate.check(update)[1]
@@ -109,26 +151,36 @@ class StreamingFedAvg:
         self._rejected.append(reason)
         raise ValueError(reason)
 
-    def add(self, update: torch.Tensor, weight: float) -> None:
+    def add(self, update: torch.Tensor, weight: float, key: str = "") -> None:
+        if self.count >= fixedpoint.MAX_UPDATES:
+            self._reject(f"streaming FedAvg sums at most {fixedpoint.MAX_UPDATES} updates per round exactly")
         w, reason = _weight(weight, self._weighted)
         if reason is not None:
             self._reject(reason)
         norm, reason = self._validate.check(update)
         if reason is not None:
             self._reject(reason)
-        u = update.to(torch.float32)
+        u = update.detach().to(device="cpu", dtype=torch.float32)
         scale = self._clip.scale(norm)
-        self._sum.add_(u, alpha=w * scale)
-        self._weight += w
-        self._norms.append(norm)
+        multiplier = w * scale
+        # max|u_j| <= ||u||: the norm settles the range check unless the update is near the limit (the margin
+        # covers the rounding of the float32 norm); only then is the max-abs computed (one more pass).
+        if multiplier * norm * (1.0 + 2.0**-10) > fixedpoint.ADD_LIMIT:
+            lo, hi = torch.aminmax(u)
+            reason = FixedPointSum.range_error(max(-float(lo), float(hi)), multiplier)
+            if reason is not None:
+                self._reject(reason)
+        self._sum.add(u, multiplier)
         self._num_clipped += scale < 1.0
-        if self._sketch is not None:
-            self._sketches.append(self._sketch(u))
+        sketch = self._sketch(u) if self._sketch is not None else None
+        self._received.append(_Received(key, len(self._received), norm, w, sketch))
 
     def finalize(self, global_flat: torch.Tensor, generator: torch.Generator | None = None) -> AggregationResult:
         if self.count == 0:
             raise TooFewUpdatesError("no updates to aggregate")
-        mean = self._sum / self._weight
+        received = sorted(self._received, key=lambda r: (r.key, r.seq))
+        total_weight = math.fsum(r.weight for r in received)  # correctly rounded: order-independent
+        mean = self._sum.value(total_weight)
         step, noise = self._noise(mean, generator)
         metrics: dict[str, float] = {
             "num_updates": float(self.count),
@@ -136,20 +188,28 @@ class StreamingFedAvg:
             "num_clipped": float(self._num_clipped),
             "num_excluded": 0.0,
             "num_trimmed_per_coord": 0.0,
-            **norm_stats(torch.tensor(self._norms, dtype=torch.float64)),
+            **norm_stats(torch.tensor([r.norm for r in received], dtype=torch.float64)),
             "rule_update_norm": float(torch.linalg.vector_norm(mean)),
             "aggregate_update_norm": float(torch.linalg.vector_norm(step)),
             "noise_norm": noise.noise_norm,
         }
         if self._sketch is not None:
-            w_div = sketched_weight_divergence(torch.stack(self._sketches), self._sketch(step))
+            sketches = [r.sketch for r in received if r.sketch is not None]
+            w_div = sketched_weight_divergence(torch.stack(sketches), self._sketch(step))
             metrics.update({"w_div": w_div, "delta": w_div - noise.noise_norm, "w_div_exact": 0.0})
         return AggregationResult(global_flat + step.to(global_flat.dtype), metrics, rejected=list(self._rejected))
 
 
 class BufferedAggregator:
     """Any rule over ONE preallocated ``[K, P]`` float32 buffer that updates are validated, clipped and
-    written into as they arrive (no stacking copy); exact metrics. At most ``k`` updates can be added."""
+    written into as they arrive (no stacking copy); exact metrics. At most ``k`` updates can be added.
+
+    ``finalize`` first permutes the filled rows, in place, into canonical order -- sorted by key, equal keys
+    in the order they were added -- together with their weights, norms and clip scales (cycle-following
+    with one ``[P]`` temporary row, never a second ``[K, P]`` buffer), so every rule sees the same rows in
+    the same order whatever the arrival order and its result is bit-for-bit reproducible.
+    ``result.selected`` still names positions in order of acceptance.
+    """
 
     def __init__(self, config: AggregationConfig, num_params: int, k: int) -> None:
         if k < 1:
@@ -162,6 +222,8 @@ class BufferedAggregator:
         self._weights = torch.zeros(k, dtype=torch.float64)
         self._norms = torch.zeros(k, dtype=torch.float64)
         self._scales = torch.ones(k, dtype=torch.float64)
+        self._keys: list[str] = []
+        self._accepted: list[int] = []  # acceptance position of each buffer row
         self._count = 0
         self._rejected: list[str] = []
 
@@ -175,8 +237,14 @@ class BufferedAggregator:
 
     @property
     def rows(self) -> torch.Tensor:
-        """A view of the ``[count, P]`` filled rows of the buffer (the clipped updates); do not modify it."""
+        """A view of the ``[count, P]`` filled rows of the buffer (the clipped updates; in canonical order
+        after :meth:`finalize`, in order of acceptance before); do not modify it."""
         return self._buffer[: self._count]
+
+    @property
+    def keys(self) -> list[str]:
+        """The key of each filled row, in the rows' current order."""
+        return list(self._keys)
 
     def check(self, update: torch.Tensor) -> str | None:
         return self._pipeline.validate.check(update)[1]
@@ -185,7 +253,7 @@ class BufferedAggregator:
         self._rejected.append(reason)
         raise ValueError(reason)
 
-    def add(self, update: torch.Tensor, weight: float) -> None:
+    def add(self, update: torch.Tensor, weight: float, key: str = "") -> None:
         if self._count >= self._k:
             raise ValueError(f"the aggregator already holds its K={self._k} updates")
         w, reason = _weight(weight, self._config.weighted)
@@ -200,16 +268,61 @@ class BufferedAggregator:
         self._scales[i] = self._pipeline.clip.apply_(row, norm)
         self._norms[i] = norm
         self._weights[i] = w
+        self._keys.append(key)
+        self._accepted.append(i)
         self._count += 1
+
+    def _canonical_order(self) -> None:
+        """Permute the filled rows (and their per-row data) in place into key order (stable)."""
+        n = self._count
+        perm = sorted(range(n), key=self._keys.__getitem__)  # new row j = old row perm[j]
+        if perm == list(range(n)):
+            return
+        permute_rows_(self._buffer, perm)
+        idx = torch.tensor(perm, dtype=torch.long)
+        for t in (self._weights, self._norms, self._scales):
+            t[:n] = t[:n][idx]
+        self._keys = [self._keys[i] for i in perm]
+        self._accepted = [self._accepted[i] for i in perm]
 
     def finalize(self, global_flat: torch.Tensor, generator: torch.Generator | None = None) -> AggregationResult:
         n = self._count
+        self._canonical_order()
         result, _ = self._pipeline.finish(
             self._buffer[:n], self._weights[:n], self._norms[:n], self._scales[:n], global_flat, generator,
             num_rejected=len(self._rejected), k=self._k,
         )
         result.rejected = list(self._rejected)
+        if result.selected is not None:
+            result.selected = tuple(sorted(self._accepted[j] for j in result.selected))
         return result
+
+
+def permute_rows_(buffer: torch.Tensor, perm: list[int]) -> None:
+    """Reorder the first ``len(perm)`` rows of ``buffer`` in place so that new row j is old row ``perm[j]``.
+
+    Follows each cycle of the permutation with one temporary row: ``len(perm) + cycles`` row copies and
+    ``O(P)`` extra memory (never a second copy of the rows).
+    """
+    n = len(perm)
+    if sorted(perm) != list(range(n)):
+        raise ValueError(f"not a permutation of range({n}): {perm}")
+    done = [False] * n
+    tmp: torch.Tensor | None = None
+    for start in range(n):
+        if done[start] or perm[start] == start:
+            done[start] = True
+            continue
+        if tmp is None:
+            tmp = torch.empty_like(buffer[0])
+        tmp.copy_(buffer[start])
+        j = start
+        while perm[j] != start:
+            buffer[j].copy_(buffer[perm[j]])
+            done[j] = True
+            j = perm[j]
+        buffer[j].copy_(tmp)
+        done[j] = True
 
 
 def make_aggregator(config: AggregationConfig, num_params: int, k: int) -> Aggregator:
@@ -217,12 +330,16 @@ def make_aggregator(config: AggregationConfig, num_params: int, k: int) -> Aggre
 
     Validates ``config`` against ``k`` and, when ``config.memory_budget_bytes > 0``, checks the memory
     arithmetic against it (:func:`fedcore.aggregation.memory.check_memory`). FedAvg without
-    ``exact_metrics`` streams; every other configuration uses a ``[k, num_params]`` buffer.
+    ``exact_metrics`` streams (at most :data:`~fedcore.aggregation.fixedpoint.MAX_UPDATES` updates); every
+    other configuration uses a ``[k, num_params]`` buffer.
     """
     config.validate(k)
     if config.memory_budget_bytes > 0:
         check_memory(config, k, num_params, config.memory_budget_bytes)
     if not uses_buffer(config):
+        if k > fixedpoint.MAX_UPDATES:
+            raise ValueError(f"k: streaming FedAvg sums at most {fixedpoint.MAX_UPDATES} updates per round "
+                             f"exactly, got k={k} (set exact_metrics or lower K)")
         return StreamingFedAvg(
             num_params,
             weighted=config.weighted,

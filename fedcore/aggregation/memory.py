@@ -1,7 +1,7 @@
 """Config-time memory arithmetic: refuse a rule/K/P combination that would not fit a budget.
 
 Counted: what the aggregator allocates itself (the ``[K, P]`` float32 update buffer of the buffered rules,
-or the running sum and sketch of streaming FedAvg), the rule's transient workspace, and the ``[P]``
+or the exact running sum and sketch of streaming FedAvg), the rule's transient workspace, and the ``[P]``
 vectors ``finalize`` creates. Not counted: the caller's own tensors (the update being added, the
 previous global model) and the Python/torch baseline of the process.
 """
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedcore.aggregation import fixedpoint
 from fedcore.aggregation.config import AggregationConfig
 from fedcore.aggregation.metrics import SKETCH_MIN_ROWS, SKETCH_SCRATCH_ELEMS
 from fedcore.aggregation.rules import build_rule
 
 F32 = 4
 F64 = 8
+I64 = 8
 
 
 class MemoryBudgetError(ValueError):
@@ -70,7 +72,11 @@ def estimate_memory(config: AggregationConfig, k: int, num_params: int) -> Memor
         items.append(MemoryItem("finalize vectors (rule step, noisy step, new global, w_div temporary)",
                                 4 * p * F32, f"4*P*4 = 4*{p}*4 B"))
         return MemoryEstimate(config.rule, False, tuple(items))
-    items.append(MemoryItem("the running sum", p * F32, f"P*4 = {p}*4 B"))
+    items.append(MemoryItem("the exact running sum (two int64 accumulators)", 2 * p * I64, f"2*P*8 = 2*{p}*8 B"))
+    chunk = min(fixedpoint.CHUNK, max(p, 1))
+    vecs = fixedpoint.SCRATCH_VECTORS
+    items.append(MemoryItem("the fixed-point chunk scratch (add workers and finalize)", vecs * chunk * F64,
+                            f"{vecs}*{chunk}*8 B"))
     if config.sketch_dim:
         d = config.sketch_dim
         items.append(MemoryItem("the w_div sketch signs", p * F32, f"P*4 = {p}*4 B"))

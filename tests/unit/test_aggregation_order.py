@@ -1,0 +1,255 @@
+"""Arrival-order independence of the aggregators: the same adds in any order give a bit-identical global model
+and identical metrics; the exact fixed-point sum of streaming FedAvg (accuracy, range, memory)."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from fractions import Fraction
+
+import pytest
+import torch
+
+from fedcore.aggregation import (
+    AggregationConfig,
+    AggregationResult,
+    BufferedAggregator,
+    StreamingFedAvg,
+    aggregate,
+    estimate_memory,
+    fixedpoint,
+    make_aggregator,
+)
+from fedcore.aggregation.base import permute_rows_
+from fedcore.aggregation.steps import Clip, Validate
+
+K, P = 9, 257
+
+
+def _dp(config: AggregationConfig) -> AggregationConfig:
+    """``config`` with server-side DP: clip to norm 3, Gaussian noise sigma 0.01."""
+    return replace(config, clip_norm=3.0, noise_sigma=0.01)
+
+
+VARIANTS: dict[str, AggregationConfig] = {
+    "fedavg-weighted": AggregationConfig(sketch_dim=31),
+    "fedavg-unweighted": AggregationConfig(weighted=False, sketch_dim=31),
+    "fedavg-exact": AggregationConfig(exact_metrics=True),
+    "median": AggregationConfig(rule="median"),
+    "trimmed_mean": AggregationConfig(rule="trimmed_mean", trim_m=2),
+    "krum": AggregationConfig(rule="krum", krum_f=1),
+    "multi_krum": AggregationConfig(rule="multi_krum", krum_f=2),
+    "bulyan": AggregationConfig(rule="bulyan", krum_f=1),
+    "knorm": AggregationConfig(rule="knorm", knorm_k=2),
+}
+VARIANTS.update({f"{name}+dp": _dp(cfg) for name, cfg in list(VARIANTS.items())})
+
+
+def _updates(seed: int = 0, k: int = K, p: int = P) -> tuple[list[torch.Tensor], list[float], list[str]]:
+    """K updates of very different magnitudes (so float32 sums depend on the order), sample-count weights,
+    distinct keys that do not sort like the arrival order."""
+    gen = torch.Generator().manual_seed(seed)
+    common = torch.randn(p, generator=gen)
+    rows = [(common + 0.5 * torch.randn(p, generator=gen)) * 10.0 ** ((i * 7) % 5 - 2) for i in range(k)]
+    weights = [float(13 + (i * 37) % 101) for i in range(k)]
+    keys = [f"client-{(i * 5) % k:03d}" for i in range(k)]
+    return rows, weights, keys
+
+
+def _orders(k: int, n: int = 4) -> list[list[int]]:
+    rng = random.Random(1)
+    return [list(range(k)), list(reversed(range(k)))] + [rng.sample(range(k), k) for _ in range(n - 2)]
+
+
+def _run(config: AggregationConfig, order: list[int], seed: int = 0) -> AggregationResult:
+    rows, weights, keys = _updates(seed)
+    agg = make_aggregator(config, num_params=P, k=K)
+    for i in order:
+        agg.add(rows[i], weights[i], key=keys[i])
+    glob = torch.randn(P, generator=torch.Generator().manual_seed(99))
+    return agg.finalize(glob, torch.Generator().manual_seed(7))
+
+
+def _same_metrics(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+
+
+# ---- every rule: bit-identical for any arrival order ----
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_result_is_bit_identical_for_any_arrival_order(variant: str) -> None:
+    config = VARIANTS[variant]
+    results = [_run(config, order) for order in _orders(K)]
+    first = results[0]
+    for res in results[1:]:
+        assert torch.equal(res.new_global, first.new_global), variant
+        assert _same_metrics(res.metrics, first.metrics), (variant, res.metrics, first.metrics)
+        assert res.metrics["num_updates"] == K
+    if config.noise_sigma:
+        assert first.metrics["noise_norm"] > 0 and first.metrics["num_clipped"] > 0
+
+
+def test_the_test_data_is_order_sensitive_without_canonical_order() -> None:
+    # Sanity check of the data: a naive float32 running sum, and the pipeline over rows in arrival order,
+    # do depend on the order -- so the test above can fail.
+    rows, weights, _ = _updates()
+    sums = []
+    for order in _orders(K, 6):
+        acc = torch.zeros(P)
+        for i in order:
+            acc.add_(rows[i], alpha=weights[i])
+        sums.append(acc)
+    assert any(not torch.equal(s, sums[0]) for s in sums[1:])
+    cfg = VARIANTS["fedavg-exact+dp"]
+    outs = [aggregate(cfg, torch.stack([rows[i] for i in o]), [weights[i] for i in o], torch.zeros(P),
+                      torch.Generator().manual_seed(7)) for o in _orders(K, 6)]
+    assert any(not torch.equal(o.new_global, outs[0].new_global) or o.metrics != outs[0].metrics
+               for o in outs[1:])
+
+
+def test_streaming_result_does_not_depend_on_the_worker_threads() -> None:
+    p = 2 * fixedpoint.CHUNK + 3
+    rows, weights, keys = _updates(3, k=4, p=p)
+    outs = []
+    for workers in (1, 2, 3):
+        agg = StreamingFedAvg(p, clip_norm=50.0, sketch_dim=101, workers=workers)
+        for i in (2, 0, 3, 1):
+            agg.add(rows[i], weights[i], key=keys[i])
+        outs.append(agg.finalize(torch.zeros(p)))
+    for o in outs[1:]:
+        assert torch.equal(o.new_global, outs[0].new_global) and _same_metrics(o.metrics, outs[0].metrics)
+
+
+def test_keys_are_optional_and_ties_keep_the_order_of_addition() -> None:
+    rows, weights, _ = _updates(4)
+    for name in ("fedavg-exact+dp", "trimmed_mean", "multi_krum"):
+        cfg = VARIANTS[name]
+        agg = make_aggregator(cfg, num_params=P, k=K)
+        for r, w in zip(rows, weights, strict=True):
+            agg.add(r, w)  # old positional call: key ""
+        res = agg.finalize(torch.zeros(P), torch.Generator().manual_seed(7))
+        ref = aggregate(cfg, torch.stack(rows), weights, torch.zeros(P), torch.Generator().manual_seed(7))
+        assert torch.equal(res.new_global, ref.new_global) and _same_metrics(res.metrics, ref.metrics)
+        assert res.selected == ref.selected
+
+
+def test_selected_names_the_same_senders_in_any_order() -> None:
+    rows, weights, keys = _updates()
+    chosen = set()
+    for order in _orders(K):
+        agg = make_aggregator(VARIANTS["multi_krum"], num_params=P, k=K)
+        for i in order:
+            agg.add(rows[i], weights[i], key=keys[i])
+        res = agg.finalize(torch.zeros(P))
+        assert res.selected is not None and isinstance(agg, BufferedAggregator)
+        chosen.add(frozenset(keys[order[j]] for j in res.selected))  # positions in order of acceptance
+        assert agg.keys == sorted(keys)  # the rows are now in canonical (key) order
+    assert len(chosen) == 1
+
+
+def test_permute_rows_in_place_by_cycles() -> None:
+    rng = random.Random(5)
+    x = torch.randn(12, 7, generator=torch.Generator().manual_seed(2))
+    for n in (1, 2, 5, 12):
+        perm = rng.sample(range(n), n)
+        y = x.clone()
+        permute_rows_(y, perm)
+        assert torch.equal(y[:n], x[perm]) and torch.equal(y[n:], x[n:])
+    with pytest.raises(ValueError, match="permutation"):
+        permute_rows_(x.clone(), [0, 0, 1])
+
+
+# ---- the exact fixed-point sum ----
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("clip_norm", [None, 3.0])
+def test_fixed_point_mean_agrees_with_a_float64_reference(weighted: bool, clip_norm: float | None) -> None:
+    rows, weights, keys = _updates(6)
+    rows[0][:5] = torch.tensor([1e-12, -3e-30, 0.0, 1e5, -2.5e4])
+    agg = StreamingFedAvg(P, weighted=weighted, clip_norm=clip_norm, max_update_norm=math.inf)
+    total = torch.zeros(P, dtype=torch.float64)
+    wsum = 0.0
+    for r, w, key in zip(rows, weights, keys, strict=True):
+        agg.add(r, w, key=key)
+        norm = Validate(P).check(r)[0]
+        w = w if weighted else 1.0
+        total += r.double() * (w * Clip(clip_norm).scale(norm))
+        wsum += w
+    ref = total / wsum
+    got = agg.finalize(torch.zeros(P)).new_global.double()
+    # float32 rounding of the float64 reference (half an ulp, relative 2^-24), plus the fixed-point resolution
+    tol = ref.abs() * 2.0**-24 * (1 + 1e-6) + K * fixedpoint.RESOLUTION
+    assert bool(((got - ref).abs() <= tol).all()), float(((got - ref).abs() / tol).max())
+    # ... which the old float32 running sum does not meet (the tolerance is tight enough to tell).
+    naive = torch.zeros(P)
+    for r, w in zip(rows, weights, strict=True):
+        naive.add_(r, alpha=(w if weighted else 1.0) * Clip(clip_norm).scale(Validate(P).check(r)[0]))
+    assert not bool((((naive / wsum).double() - ref).abs() <= tol).all())
+
+
+def test_fixed_point_sum_is_exact_to_the_resolution() -> None:
+    # Exact rational arithmetic: each term c = float64(u) * m is rounded once (to nearest) to a multiple of
+    # 2^-(A+B), and the represented sum is the exact sum of those -- for any order of the adds.
+    gen = torch.Generator().manual_seed(8)
+    terms = [(torch.randn(16, generator=gen) * 2.0 ** e, m) for e, m in [(-40, 1.0), (0, 37.0), (12, 0.3), (-3, 5e4)]]
+    terms[0][0][:3] = torch.tensor([2.0**-126, -(2.0**-149), 0.0])
+    q = Fraction(1, 2 ** (fixedpoint.A + fixedpoint.B))
+    sums = []
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
+        acc = fixedpoint.FixedPointSum(16, workers=1)
+        for i in order:
+            acc.add(terms[i][0], terms[i][1])
+        sums.append([acc.exact(j) for j in range(16)])
+    assert sums[0] == sums[1]
+    for j in range(16):
+        cs = [Fraction(float(u[j].double() * m)) for u, m in terms]
+        assert sums[0][j] == sum(round(c / q) for c in cs) * q  # round(): to nearest, ties to even
+        assert abs(sums[0][j] - sum(cs)) <= len(cs) * q / 2
+
+
+def test_an_update_beyond_the_representable_range_is_refused() -> None:
+    agg = StreamingFedAvg(4, max_update_norm=math.inf)
+    big = torch.tensor([2.0**20, 1.0, 0.0, -1.0])
+    with pytest.raises(ValueError, match=r"exact-aggregation range: .* exceeds 2\^30"):
+        agg.add(big, 2.0**11, key="a")  # |w u| = 2^31
+    agg.add(big, 2.0**10, key="b")  # exactly at the limit: accepted
+    agg.add(-big, 2.0**10, key="c")
+    assert agg.count == 2
+    res = agg.finalize(torch.zeros(4))
+    assert res.metrics["num_rejected"] == 1 and "exact-aggregation range" in res.rejected[0]
+    assert torch.equal(res.new_global, torch.zeros(4))
+    # The norm bounds max|u| from above; an update whose norm alone exceeds the range but whose values
+    # do not is accepted (checked with its max-abs).
+    spread = StreamingFedAvg(10_000, max_update_norm=math.inf)
+    spread.add(torch.ones(10_000), 2.0**24, key="x")  # norm * w = 1.7e9 > 2^30, max|u| * w = 2^24
+    assert spread.finalize(torch.zeros(10_000)).new_global[0] == 1.0
+    # Through make_aggregator the refusal is a ValueError the coordinator turns into a rejection.
+    with pytest.raises(ValueError, match="exact-aggregation range"):
+        make_aggregator(AggregationConfig(max_update_norm=math.inf), 4, 3).add(big * 2.0**20, 1.0, key="z")
+
+
+def test_at_most_max_updates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fixedpoint, "MAX_UPDATES", 2)
+    agg = StreamingFedAvg(3)
+    agg.add(torch.ones(3), 1.0, key="a")
+    agg.add(torch.ones(3), 1.0, key="b")
+    with pytest.raises(ValueError, match="at most 2 updates"):
+        agg.add(torch.ones(3), 1.0, key="c")
+    with pytest.raises(ValueError, match=r"^k: streaming FedAvg sums at most 2"):
+        make_aggregator(AggregationConfig(), 3, 3)
+
+
+def test_streaming_memory_does_not_grow_with_k() -> None:
+    shapes, nbytes = set(), set()
+    for k in (1, 5, 40):
+        agg = StreamingFedAvg(P, sketch_dim=0)
+        for i in range(k):
+            agg.add(torch.randn(P, generator=torch.Generator().manual_seed(i)), 1.0 + i, key=str(i))
+        shapes.add(tuple((tuple(t.shape), t.dtype) for t in agg.accumulators))
+        nbytes.add(sum(t.numel() * t.element_size() for t in agg.accumulators))
+    assert shapes == {(((P,), torch.int64), ((P,), torch.int64))} and nbytes == {2 * 8 * P}
+    est = [estimate_memory(AggregationConfig(sketch_dim=0), k, 10**6).total_bytes for k in (10, 10_000)]
+    assert est[0] == est[1]
