@@ -28,6 +28,7 @@ from torch import nn
 
 from fedcore.config import TrainingConfig
 from fedcore.data.base import ClientData
+from fedcore.seeds import PRIVATE_BATCHES, PRIVATE_DROPOUT, PRIVATE_INIT, derive_seed, seeded_global_rng
 from fedcore.serialization import load_state, save_state
 from fedcore.train import evaluate, train_local
 
@@ -81,16 +82,24 @@ def train_private_model(model_factory: Callable[[], nn.Module], data: ClientData
 
     ``epochs`` epochs of :func:`fedcore.train.train_local` with ``config``'s batch size, learning rate, momentum,
     weight decay and gradient clip (no FedProx term, no per-round decay), on ``device``. Pᵢ is the accuracy on
-    ``data``'s test split. Deterministic in ``seed`` (on the CPU; GPU kernels may round differently); the
-    global torch RNG is left as it was.
+    ``data``'s test split.
+
+    Seeds, all derived from ``seed`` (the client's is ``fedcore.seeds.private_seed(federation seed, client id)``):
+    the initial weights from ``derive_seed(seed, "private_init")`` — ``model_factory`` runs under
+    :data:`fedcore.seeds.GLOBAL_RNG_LOCK` with the global RNG forked and seeded, since ``nn`` initialisers can
+    only draw from it — the batches from ``derive_seed(seed, "private_batches")`` and the dropout masks from
+    ``derive_seed(seed, "private_dropout")``, both from their own generators. So the result is deterministic in
+    ``seed`` also when threads train private models concurrently (on the CPU; GPU kernels may round
+    differently), and the global torch RNG is left as it was.
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     cfg = dataclasses.replace(config, local_epochs=epochs, prox_mu=0.0)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = model_factory().to(device)
-        train_local(model, data.x_train, data.y_train, cfg, seed=seed)
+    with seeded_global_rng(derive_seed(seed, PRIVATE_INIT)):
+        model = model_factory()
+    model = model.to(device)
+    train_local(model, data.x_train, data.y_train, cfg, seed=derive_seed(seed, PRIVATE_BATCHES),
+                dropout_seed=derive_seed(seed, PRIVATE_DROPOUT))
     accuracy = local_accuracy(model, data)
     state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     return state, accuracy

@@ -26,10 +26,10 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from fedcore.data.base import ClientData
+from fedcore.seeds import ATTACK_EPOCH, derive_seed
 
 KINDS = ("none", "label_flip", "backdoor")
 FLIPS = ("reverse", "swap", "directed", "all")
@@ -37,7 +37,6 @@ FLIPS = ("reverse", "swap", "directed", "all")
 DISTFL_FLIP_PAIRS: tuple[tuple[int, int], ...] = ((0, 4), (1, 5), (2, 6), (3, 7))
 # LINDT CIFAR-10 backdoor: deer (4) -> horse (7), dog (5) -> frog (6).
 LINDT_BACKDOOR_PAIRS: tuple[tuple[int, int], ...] = ((4, 7), (5, 6))
-_TAG = 0xBAD
 
 
 class AttackError(ValueError):
@@ -176,7 +175,9 @@ def clean_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
 
 
 def _seed(seed: int, epoch: int) -> int:
-    return int(np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), _TAG]).integers(0, 2**62))
+    """The seed of one epoch's attacker batches: ``derive_seed(seed, "attack_epoch", epoch)`` (all of ``seed``'s
+    bits count; a FedClient's ``seed`` is ``derive_seed(federation seed, client id, round, "attack")``)."""
+    return derive_seed(int(seed), ATTACK_EPOCH, int(epoch))
 
 
 @dataclass(frozen=True, eq=False)

@@ -6,10 +6,10 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
 from fedcore.registry import Registry
+from fedcore.seeds import GLOBAL_RNG_LOCK, seeded_global_rng
 from fedcore.serialization import TensorMeta, fingerprint, manifest_of
 
 ModelFactory = Callable[..., nn.Module]
@@ -45,11 +45,15 @@ def resolve_factory(name: str) -> ModelFactory:
 
 
 def build_model(name: str, kwargs: Mapping[str, Any] | None = None, seed: int | None = None) -> nn.Module:
-    """Instantiate a model; with ``seed`` the initial weights are deterministic."""
+    """Instantiate a model; with ``seed`` the initial weights are deterministic, also under concurrency.
+
+    ``nn`` initialisers draw from torch's process-global RNG, so the factory always runs under
+    :data:`fedcore.seeds.GLOBAL_RNG_LOCK`: with ``seed``, inside :func:`fedcore.seeds.seeded_global_rng` (the
+    global RNG forked, seeded with ``seed`` and restored afterwards); without, it draws from the global RNG as
+    is, but never in the middle of another thread's seeded construction.
+    """
     factory = resolve_factory(name)
-    with torch.random.fork_rng(enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
+    with seeded_global_rng(seed) if seed is not None else GLOBAL_RNG_LOCK:
         try:
             model = factory(**dict(kwargs or {}))
         except TypeError as e:

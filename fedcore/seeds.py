@@ -1,0 +1,128 @@
+"""Seed derivation: every random draw comes from a generator seeded by what it is for, not from torch's global RNG.
+
+Scheme
+------
+A seed is :func:`derive_seed` of a tuple of parts, by convention ``(federation seed, client id, round, purpose)``
+with the parts that do not apply left out:
+
+- a client's training batches in round r: ``derive_seed(seed, client_id, r, BATCHES)``;
+- its dropout masks in round r: ``derive_seed(seed, client_id, r, DROPOUT)``;
+- an attacker's poisoned batches in round r: ``derive_seed(seed, client_id, r, ATTACK)``
+  (:func:`round_seeds` returns these three);
+- its private model: ``derive_seed(seed, client_id, PRIVATE)``, from which
+  :func:`fedcore.metrics.train_private_model` derives ``PRIVATE_INIT``, ``PRIVATE_BATCHES`` and
+  ``PRIVATE_DROPOUT``;
+- the server's aggregation noise in round r: ``derive_seed(seed, r, "aggregation_noise")``.
+
+:func:`derive_seed` hashes a canonical, typed encoding of the parts with BLAKE2b (never Python's ``hash()``, which
+is salted per process), so a seed is the same in every process, thread, platform and Python version, and two
+different part tuples collide only with probability ~2^-63. ``derive_seed(1, 23)`` and ``derive_seed(12, 3)``
+and ``derive_seed("1", 23)`` all differ.
+
+Draws that torch can only make from its process-global RNG (the default initialisers of ``nn`` layers) run under
+:data:`GLOBAL_RNG_LOCK`, with the global RNG forked and seeded (:func:`seeded_global_rng`), so that threads that
+build models concurrently (in-process "virtual" clients) cannot interleave their draws.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+# ---- purposes ----
+BATCHES = "batches"
+DROPOUT = "dropout"
+ATTACK = "attack"
+ATTACK_EPOCH = "attack_epoch"
+PRIVATE = "private"
+PRIVATE_INIT = "private_init"
+PRIVATE_BATCHES = "private_batches"
+PRIVATE_DROPOUT = "private_dropout"
+MODEL_INIT = "model_init"
+
+SEED_BITS = 63
+_MASK = (1 << SEED_BITS) - 1
+_PERSON = b"fedguard-seed-v1"  # BLAKE2b personalisation (16 bytes): changing the scheme changes this
+
+# Held while code draws from torch's process-global RNG (seeded model construction, any model construction
+# through fedcore.models.build_model). Re-entrant: a seeded factory may call build_model.
+GLOBAL_RNG_LOCK = threading.RLock()
+
+
+def _encode(part: int | str) -> bytes:
+    if isinstance(part, str):
+        tag, payload = b"s", part.encode("utf-8")
+    elif isinstance(part, bool):
+        raise TypeError("derive_seed: bool is not a seed part (use an int or a str)")
+    else:
+        try:
+            value = operator.index(part)
+        except TypeError:
+            raise TypeError(f"derive_seed: parts must be int or str, got {type(part).__name__}") from None
+        tag, payload = b"i", str(value).encode("ascii")
+    return tag + len(payload).to_bytes(8, "little") + payload
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A stable seed in [0, 2^63) from ``parts`` (ints and strs), e.g. ``(seed, client_id, round, purpose)``.
+
+    Equal parts give equal seeds in every process; the type of a part counts (``1`` and ``"1"`` differ).
+    """
+    h = hashlib.blake2b(digest_size=8, person=_PERSON)
+    h.update(len(parts).to_bytes(8, "little"))
+    for p in parts:
+        h.update(_encode(p))
+    return int.from_bytes(h.digest(), "little") & _MASK
+
+
+def generator(*parts: int | str, device: torch.device | str = "cpu") -> torch.Generator:
+    """A fresh ``torch.Generator`` on ``device`` seeded with :func:`derive_seed` of ``parts``."""
+    g = torch.Generator(device=device)
+    g.manual_seed(derive_seed(*parts))
+    return g
+
+
+@dataclass(frozen=True)
+class RoundSeeds:
+    """The seeds of one client's local training in one round."""
+
+    batches: int
+    dropout: int
+    attack: int
+
+
+def round_seeds(federation_seed: int, client_id: str, round_: int) -> RoundSeeds:
+    """``derive_seed(federation_seed, client_id, round_, purpose)`` for the batches, dropout and attack purposes."""
+    return RoundSeeds(batches=derive_seed(federation_seed, client_id, round_, BATCHES),
+                      dropout=derive_seed(federation_seed, client_id, round_, DROPOUT),
+                      attack=derive_seed(federation_seed, client_id, round_, ATTACK))
+
+
+def private_seed(federation_seed: int, client_id: str) -> int:
+    """The root seed of a client's private model: ``derive_seed(federation_seed, client_id, PRIVATE)``."""
+    return derive_seed(federation_seed, client_id, PRIVATE)
+
+
+@contextmanager
+def seeded_global_rng(seed: int) -> Iterator[None]:
+    """Hold :data:`GLOBAL_RNG_LOCK`, fork torch's global RNG and seed it with ``seed``; restore it on exit.
+
+    For code that can only draw from the global RNG (``nn`` layers' default initialisation). The CPU generator
+    is always forked and seeded; CUDA generators too when CUDA is already initialised (it is not initialised
+    here, so a CPU-only run does not create a CUDA context). Determinism also needs every *other* thread that
+    draws from the global RNG to hold the lock (:func:`fedcore.models.build_model` does).
+    """
+    with GLOBAL_RNG_LOCK:
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        devices = list(range(torch.cuda.device_count())) if cuda else []
+        with torch.random.fork_rng(devices=devices, device_type="cuda"):
+            torch.default_generator.manual_seed(seed)
+            if cuda:
+                torch.cuda.manual_seed_all(seed)
+            yield
