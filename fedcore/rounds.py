@@ -341,3 +341,34 @@ def _start_round(s: RoundState, alive: list[str], now: float, config: RoundsConf
 def _close(s: RoundState, now: float, reason: str, events: list[Event]) -> None:
     s.phase, s.phase_since = AGGREGATING, now
     events.append(RoundClosed(s.round, tuple(s.accepted), reason))
+
+
+def resume(state: RoundState, completed_rounds: int, config: RoundsConfig, now: float) -> RoundState:
+    """A saved state made ready for a restarted server (``state`` is updated in place and returned).
+
+    ``completed_rounds`` is the snapshot's count. A state saved while its round was aggregating (the snapshot of
+    a completed round) moves on to the next round, or finishes; a round that was in flight is re-run from
+    sampling with the same round number and attempt counter, hence the same selection seed. Times from the
+    previous process mean nothing now: every client must re-join and poll before it is selectable again. A
+    federation that completed all its rounds stays finished, unless ``config.num_rounds`` now asks for more; one
+    that stalled tries again.
+    """
+    s = state
+    for rec in s.clients.values():
+        rec.alive, rec.ready, rec.last_seen = False, False, now
+    if s.phase == AGGREGATING and s.round == completed_rounds:
+        if s.round >= config.num_rounds:
+            s.phase, s.outcome = FINISHED, "completed"
+        else:
+            s.round, s.attempt = s.round + 1, 0
+    if s.phase == FINISHED and (s.outcome != "completed" or completed_rounds < config.num_rounds):
+        s.phase, s.outcome = SAMPLING, ""
+        s.round, s.attempt = completed_rounds + 1, 0
+    if s.phase != FINISHED:
+        if s.round != completed_rounds + 1:  # a progress record of another round: re-run from the snapshot
+            s.round, s.attempt = completed_rounds + 1, 0
+        s.phase, s.outcome = SAMPLING, ""
+    s.phase_since = now
+    s.deadline = 0.0
+    s.selected, s.accepted, s.rejected, s.rejected_in_round = [], [], {}, 0
+    return s

@@ -181,3 +181,63 @@ def test_connected_clients_are_not_dropped_and_contact_revives() -> None:
     assert s.alive_ids() == ["c0"]
     s, _ = rm.step(s, rm.Seen("c1", 101.0), cfg, LIMITS)
     assert s.alive_ids() == ["c0", "c1"]
+
+
+# ---- resume after a restart ----
+
+def _through_json(s: rm.RoundState) -> rm.RoundState:
+    return rm.RoundState.from_dict(json.loads(json.dumps(s.to_dict())))
+
+
+def test_resume_from_a_completed_round_moves_to_the_next_round_with_the_same_selection() -> None:
+    # Selection draws from the available clients: the same pool (min_available = the fleet) gives the same draw.
+    cfg = RoundsConfig(num_rounds=3, clients_per_round=2, min_available=4)
+    s = _machine(4, cfg)
+    assert s.phase == rm.TRAINING and s.round == 1
+    for c in list(s.selected):
+        s, _ = rm.step(s, rm.UpdateAccepted(c, 1, 1.0), cfg, LIMITS)
+    assert s.phase == rm.AGGREGATING
+    saved = _through_json(s)  # the snapshot of round 1, taken while it aggregates
+    s, _ = rm.step(s, rm.Aggregated(1, 2.0), cfg, LIMITS)  # the uninterrupted run goes on
+    assert s.phase == rm.TRAINING and s.round == 2
+    uninterrupted_selection = list(s.selected)
+
+    r = rm.resume(saved, completed_rounds=1, config=cfg, now=500.0)
+    assert (r.round, r.attempt, r.phase, r.phase_since) == (2, 0, rm.SAMPLING, 500.0)
+    assert r.selected == [] and r.accepted == [] and r.deadline == 0.0
+    # Every client must re-join and poll before it can be selected again; their registry entries survive.
+    assert sorted(r.clients) == ["c0", "c1", "c2", "c3"] and not any(c.alive or c.ready for c in r.clients.values())
+    assert [c.index for c in r.clients.values()] == [0, 1, 2, 3]
+    for i in range(4):
+        r, _ = rm.step(r, rm.Joined(f"c{i}", 501.0, num_samples=10), cfg, LIMITS)
+        r, _ = rm.step(r, rm.Polled(f"c{i}", 501.0), cfg, LIMITS)
+    assert r.phase == rm.TRAINING and r.selected == uninterrupted_selection
+
+
+def test_resume_re_runs_an_in_flight_round_with_its_attempt_counter() -> None:
+    cfg = RoundsConfig(num_rounds=5, clients_per_round=2, round_timeout_s=10.0)
+    s = _machine(3, cfg)
+    s, ev = rm.step(s, rm.Tick(11.0, frozenset({"c0", "c1", "c2"})), cfg, LIMITS)  # attempt 0 times out
+    assert any(isinstance(e, rm.RoundAbandoned) for e in ev) and s.attempt == 1 and s.phase == rm.TRAINING
+    progress = _through_json(s)
+    r = rm.resume(progress, completed_rounds=0, config=cfg, now=0.0)
+    assert (r.round, r.attempt, r.phase) == (1, 1, rm.SAMPLING)
+
+
+def test_resume_of_a_finished_federation_stays_finished_unless_more_rounds_are_asked() -> None:
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=1)
+    s = _machine(1, cfg)
+    s, _ = rm.step(s, rm.UpdateAccepted("c0", 1, 1.0), cfg, LIMITS)
+    saved = _through_json(s)
+    done = rm.resume(_through_json(saved), completed_rounds=1, config=cfg, now=0.0)
+    assert done.phase == rm.FINISHED and done.outcome == "completed" and done.completed_rounds == 1
+    more = rm.resume(_through_json(saved), completed_rounds=1, config=RoundsConfig(num_rounds=3, clients_per_round=1),
+                     now=0.0)
+    assert (more.phase, more.round, more.outcome) == (rm.SAMPLING, 2, "")
+
+
+def test_resume_ignores_a_progress_record_of_another_round() -> None:
+    cfg = RoundsConfig(num_rounds=5, clients_per_round=1)
+    s = rm.RoundState(round=4, attempt=2, phase=rm.TRAINING)
+    r = rm.resume(s, completed_rounds=1, config=cfg, now=0.0)
+    assert (r.round, r.attempt, r.phase) == (2, 0, rm.SAMPLING)

@@ -1,0 +1,102 @@
+"""The typed per-round report: one :class:`RoundReport` is produced when a round completes and every consumer
+(the ``rounds.jsonl`` writer, GetStatus, the launcher's table, the state store, later the NFL detectors)
+reads that one object instead of string-keyed dicts.
+
+Its dict form (:meth:`RoundReport.to_dict`) is the ``rounds.jsonl`` row: the scalar fields at the top level and
+the aggregation pipeline's metrics under ``"metrics"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    round: int
+    # Which attempt of the round completed (0 unless earlier attempts were abandoned).
+    attempt: int = 0
+    selected: int = 0
+    accepted: int = 0
+    # Updates refused while this round was current, solicited or not.
+    rejected: int = 0
+    # Sample-weighted mean of the clients' reported training losses.
+    mean_train_loss: float = NAN
+    # Mean over participants of the received model's accuracy on their local test split.
+    mean_test_accuracy: float = NAN
+    test_accuracy_benign: float = NAN
+    # The new global model on the pooled test set (NaN unless evaluation.central).
+    central_accuracy: float = NAN
+    # FL-GUARD Eq. 1-2 over the participants that report P_i (NaN when none does).
+    beta: float = NAN
+    beta_weighted: float = NAN
+    beta_benign: float = NAN
+    beta_benign_weighted: float = NAN
+    # Median of the round's reported beta_hat_i (NaN when none was reported).
+    beta_hat_median: float = NAN
+    # Wall seconds from the round's first start to its report.
+    seconds: float = 0.0
+    # Why the round closed: "quorum", "all_responded" or "deadline".
+    outcome: str = ""
+    # The aggregation pipeline's metrics (num_updates, w_div, delta, norms, ...).
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["metrics"] = {k: float(v) for k, v in self.metrics.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RoundReport:
+        """The report of a ``to_dict`` row; unknown keys (rows of a newer version) are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names}
+        kwargs["metrics"] = {str(k): float(v) for k, v in dict(d.get("metrics", {})).items()}
+        return cls(**kwargs)
+
+    def scalars(self) -> dict[str, float]:
+        """Every numeric field beside the aggregation metrics (for flat metric maps and log lines)."""
+        return {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name not in ("round", "outcome", "metrics")}
+
+
+def mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values) if values else NAN
+
+
+def median(values: list[float]) -> float:
+    """The median (the mean of the two middle values for an even count); NaN when empty."""
+    if not values:
+        return NAN
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+@dataclass(frozen=True)
+class FederationStatus:
+    """Where a federation stands (GetStatus, the server's return value)."""
+
+    federation_id: str
+    round: int
+    num_rounds: int
+    phase: str
+    outcome: str
+    clients_known: int
+    clients_alive: int
+    selected: int
+    accepted: int
+    rejected: int
+    rejected_total: int
+    history: tuple[RoundReport, ...]
+    finished: bool
+    # Rounds completed when this server process restored the federation from its state store (0: a new one).
+    resumed_from: int = 0
+    # A stop was requested (SIGTERM/SIGINT): no more updates are taken; the next start resumes.
+    stopping: bool = False
