@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import random
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +27,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from torch import nn
 
 from fedcore.attacks import AttackError, attacker_local_epochs, backdoor_batches, poison_client_data
-from fedcore.config import ClientConfig, TrainingConfig
+from fedcore.config import ClientConfig, FederationInfo
 from fedcore.data import ClientData, load_client_data
 from fedcore.log import get_logger
 from fedcore.metrics import load_private_model, save_private_model, train_private_model
 from fedcore.models import build_model, model_fingerprint, model_manifest
+from fedcore.seeds import GLOBAL_RNG_LOCK, private_seed, round_seeds
 from fedcore.serialization import (
     DEFAULT_CHUNK_BYTES,
     Reassembler,
@@ -125,7 +126,7 @@ class FedClient:
         self._channel: grpc.Channel | None = None
         self._stub: pb_grpc.FederationStub | None = None
         self._session = ""
-        self._fed: pb.FederationConfig | None = None
+        self._fed: FederationInfo | None = None
         self._heartbeat_s = 5.0
         self._rng = random.Random(self.client_id)
         self._busy = threading.Event()
@@ -284,32 +285,40 @@ class FedClient:
             reply: pb.JoinReply = self._retrying("join", do_join)
         except grpc.RpcError as e:
             raise FedClientError(f"join refused: {e.code()}: {e.details()}") from None
+        try:
+            fed = wire.federation_from_pb(reply.config)
+        except SerializationError as e:
+            raise FedClientError(f"the server announced a malformed federation: {e}") from None
         if self._session or self._fed is not None:
             self.summary.rejoins += 1
         self._session = reply.session_id
-        self._fed = reply.config
+        self._fed = fed
         self._heartbeat_s = reply.heartbeat_interval_s or 5.0
-        self._prepare(reply)
+        self._prepare(fed, int(reply.client_index))
         self.log.info("client.joined", client_id=self.client_id, federation=reply.config.federation_id,
                       index=reply.client_index, num_train=self.data.num_train if self.data else 0)
 
-    def _prepare(self, reply: pb.JoinReply) -> None:
+    def _prepare(self, fed: FederationInfo, client_index: int) -> None:
         """Build model and data on first join and check the model against the server's spec."""
-        fed = reply.config
         if self.model is None:
             spec = self._model_spec
-            self.model = spec if isinstance(spec, nn.Module) else self._model_factory(fed)()
+            if isinstance(spec, nn.Module):
+                self.model = spec
+            else:
+                # A user factory may draw from torch's global RNG: never while another thread's seeded
+                # section (a concurrent virtual client's private model) holds it.
+                with GLOBAL_RNG_LOCK:
+                    self.model = self._model_factory(fed)()
             self.model.to(self.device)
-        server_manifest = wire.metas_from_pb(fed.model_spec)
+        server_manifest = list(fed.model_spec)
         mine = model_manifest(self.model)
         if mine != server_manifest:
             raise FedClientError(
                 f"model mismatch: this client's model has fingerprint {model_fingerprint(self.model)} "
                 f"but the federation's is {fed.model_fingerprint}; {_first_difference(mine, server_manifest)}")
         if self.data is None:
-            index = self.config.data_index if self.config.data_index >= 0 else reply.client_index
-            self.data = load_client_data(fed.dataset, index, int(fed.seed),
-                                         json.loads(fed.data_options_json or "{}"))
+            index = self.config.data_index if self.config.data_index >= 0 else client_index
+            self.data = load_client_data(fed.dataset, index, fed.seed, fed.data_options)
         attack = self.config.attack
         try:
             if attack.kind == "label_flip" and self._train_data is None:
@@ -321,9 +330,9 @@ class FedClient:
         if self.config.private_epochs and self.private_accuracy is None:
             self.private_accuracy = self._private_model(fed)
 
-    def _model_factory(self, fed: pb.FederationConfig) -> Callable[[], nn.Module]:
+    def _model_factory(self, fed: FederationInfo) -> Callable[[], nn.Module]:
         spec = self._model_spec
-        kwargs = json.loads(fed.model_kwargs_json or "{}")
+        kwargs = dict(fed.model_kwargs)
         if spec is None or isinstance(spec, str):
             name = spec or fed.model_name
             return lambda: build_model(name, kwargs)
@@ -332,7 +341,7 @@ class FedClient:
             return lambda: copy.deepcopy(template)
         return spec
 
-    def _private_model(self, fed: pb.FederationConfig) -> float:
+    def _private_model(self, fed: FederationInfo) -> float:
         """P_i: accuracy of a stand-alone model trained on the clean local data (cached in the state dir)."""
         assert self.model is not None and self.data is not None
         fp = model_fingerprint(self.model)
@@ -341,12 +350,11 @@ class FedClient:
             if cached is not None and fingerprint(manifest_of(cached[0])) == fp:
                 self.log.info("private_model.loaded", client_id=self.client_id, accuracy=round(cached[1], 4))
                 return cached[1]
-        t = fed.training
-        tc = TrainingConfig(local_epochs=1, batch_size=t.batch_size, learning_rate=t.learning_rate,
-                            momentum=t.momentum, weight_decay=t.weight_decay, grad_clip_norm=t.grad_clip_norm)
+        # One implementation of "the private model's training": train_private_model drops prox_mu and decay.
+        tc = dataclasses.replace(fed.training, local_epochs=1, lr_decay=1.0)
         started = time.monotonic()
         state, acc = train_private_model(self._model_factory(fed), self.data, tc, self.config.private_epochs,
-                                         seed=zlib.crc32(f"private/{self.client_id}".encode()), device=self.device)
+                                         seed=private_seed(fed.seed, self.client_id), device=self.device)
         if self.config.state_dir:
             save_private_model(self.config.state_dir, state, acc, {"epochs": self.config.private_epochs})
         self.log.info("private_model.trained", client_id=self.client_id, accuracy=round(acc, 4),
@@ -420,17 +428,14 @@ class FedClient:
             if self.config.trainer == "noop":
                 train_loss = ev.loss if ev.loss == ev.loss else 0.0
             else:
-                t = self._fed.training
-                tc = TrainingConfig(local_epochs=t.local_epochs, batch_size=t.batch_size,
-                                    learning_rate=t.learning_rate, momentum=t.momentum,
-                                    weight_decay=t.weight_decay, lr_decay=t.lr_decay or 1.0,
-                                    grad_clip_norm=t.grad_clip_norm, prox_mu=t.prox_mu)
-                seed = zlib.crc32(f"{self.client_id}/{round_}".encode())
+                tc = self._fed.training
+                seeds = round_seeds(self._fed.seed, self.client_id, round_)
                 attack = self.config.attack
                 data = self._train_data or self.data
-                batches = backdoor_batches(data, attack, seed).epoch if attack.kind == "backdoor" else None
+                batches = backdoor_batches(data, attack, seeds.attack).epoch if attack.kind == "backdoor" else None
                 res = train_local(self.model, data.x_train, data.y_train, tc,
-                                  learning_rate=header.learning_rate or None, seed=seed,
+                                  learning_rate=header.learning_rate or None, seed=seeds.batches,
+                                  dropout_seed=seeds.dropout,
                                   epochs=attacker_local_epochs(attack, tc.local_epochs), batches=batches)
                 train_loss = res.loss
             if self.config.straggler_delay_s:

@@ -125,6 +125,17 @@ class EvaluationConfig:
 
 
 @dataclass
+class PersistenceConfig:
+    # Snapshot every completed round into run_dir/state and resume from there on restart.
+    enabled: bool = True
+    # Snapshots kept (the newest N); an older good one is the fallback when the newest is corrupt.
+    keep_snapshots: int = 3
+    # fsync model files, their directory and every SQLite commit: survives a power cut, not only a crash of
+    # the server process, at the cost of the disk's flush latency per round.
+    fsync: bool = False
+
+
+@dataclass
 class ServerConfig:
     server: ServerSection = field(default_factory=ServerSection)
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
@@ -133,10 +144,34 @@ class ServerConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
 
     def validate(self) -> ServerConfig:
         validate_server_config(self)
         return self
+
+
+@dataclass(frozen=True)
+class FederationInfo:
+    """What a client learns of the federation when it joins (``FederationConfig`` on the wire).
+
+    ``model_spec`` is the model's manifest: (name, dtype, shape) per tensor, as
+    :class:`fedcore.serialization.TensorMeta`.
+    """
+
+    federation_id: str
+    model_name: str
+    model_kwargs: dict[str, Any]
+    model_fingerprint: str
+    model_spec: tuple[Any, ...]
+    training: TrainingConfig
+    dataset: str
+    data_options: dict[str, Any]
+    num_rounds: int
+    seed: int
+    nfl_mode: str = "off"
+    # Largest chunk the server takes in an update stream (0: the default 1 MiB).
+    chunk_bytes: int = 0
 
 
 @dataclass
@@ -213,6 +248,8 @@ def validate_server_config(c: ServerConfig) -> None:
     _check(c.evaluation.central_clients >= 0, "evaluation.central_clients",
            f"must be >= 0, got {c.evaluation.central_clients}")
     _check_device(c.evaluation.device, "evaluation.device")
+    _check(c.persistence.keep_snapshots >= 1, "persistence.keep_snapshots",
+           f"must be >= 1, got {c.persistence.keep_snapshots}")
     try:
         c.aggregation.validate(r.clients_per_round, r.effective_min_updates)
     except ValueError as e:

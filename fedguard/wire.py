@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from fedcore.config import FederationInfo, TrainingConfig
+from fedcore.report import FederationStatus, RoundReport
 from fedcore.serialization import DEFAULT_CHUNK_BYTES, SerializationError, TensorMeta, iter_chunks
 from fedguard.v1 import fedguard_pb2 as pb
 
@@ -55,3 +58,83 @@ def chunk_frames(payload: bytes | bytearray | memoryview, message: type[M],
         msg.chunk.offset = off
         msg.chunk.data = bytes(data)
         yield msg
+
+
+# ---- configuration and reports: dataclass <-> protobuf, as pairs ----
+
+def training_to_pb(t: TrainingConfig) -> pb.TrainingConfig:
+    return pb.TrainingConfig(local_epochs=t.local_epochs, batch_size=t.batch_size, learning_rate=t.learning_rate,
+                             momentum=t.momentum, weight_decay=t.weight_decay, lr_decay=t.lr_decay,
+                             grad_clip_norm=t.grad_clip_norm, prox_mu=t.prox_mu)
+
+
+def training_from_pb(p: pb.TrainingConfig) -> TrainingConfig:
+    return TrainingConfig(local_epochs=int(p.local_epochs), batch_size=int(p.batch_size),
+                          learning_rate=p.learning_rate, momentum=p.momentum, weight_decay=p.weight_decay,
+                          lr_decay=p.lr_decay or 1.0, grad_clip_norm=p.grad_clip_norm, prox_mu=p.prox_mu)
+
+
+def federation_to_pb(f: FederationInfo) -> pb.FederationConfig:
+    return pb.FederationConfig(
+        federation_id=f.federation_id, model_name=f.model_name,
+        model_kwargs_json=json.dumps(f.model_kwargs, sort_keys=True), model_fingerprint=f.model_fingerprint,
+        model_spec=metas_to_pb(f.model_spec), training=training_to_pb(f.training), dataset=f.dataset,
+        data_options_json=json.dumps(f.data_options, sort_keys=True), num_rounds=f.num_rounds, seed=f.seed,
+        nfl_mode=f.nfl_mode, chunk_bytes=f.chunk_bytes)
+
+
+def federation_from_pb(p: pb.FederationConfig) -> FederationInfo:
+    """The server's announcement; :class:`SerializationError` for a malformed spec or JSON field."""
+    return FederationInfo(
+        federation_id=p.federation_id, model_name=p.model_name,
+        model_kwargs=_json_object(p.model_kwargs_json, "model_kwargs_json"),
+        model_fingerprint=p.model_fingerprint, model_spec=tuple(metas_from_pb(p.model_spec)),
+        training=training_from_pb(p.training), dataset=p.dataset,
+        data_options=_json_object(p.data_options_json, "data_options_json"), num_rounds=int(p.num_rounds),
+        seed=int(p.seed), nfl_mode=p.nfl_mode, chunk_bytes=int(p.chunk_bytes))
+
+
+def _json_object(raw: str, name: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw or "{}")
+    except json.JSONDecodeError as e:
+        raise SerializationError(f"FederationConfig.{name} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise SerializationError(f"FederationConfig.{name} must be a JSON object")
+    return value
+
+
+_REPORT_SCALARS = ("attempt", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy",
+                   "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign",
+                   "beta_benign_weighted", "beta_hat_median", "seconds", "outcome")
+
+
+def report_to_pb(r: RoundReport) -> pb.RoundSummary:
+    return pb.RoundSummary(round=r.round, metrics=dict(r.metrics),
+                           **{k: getattr(r, k) for k in _REPORT_SCALARS})
+
+
+def report_from_pb(p: pb.RoundSummary) -> RoundReport:
+    return RoundReport(
+        round=int(p.round), attempt=int(p.attempt), selected=int(p.selected), accepted=int(p.accepted),
+        rejected=int(p.rejected), mean_train_loss=p.mean_train_loss, mean_test_accuracy=p.mean_test_accuracy,
+        test_accuracy_benign=p.test_accuracy_benign, central_accuracy=p.central_accuracy, beta=p.beta,
+        beta_weighted=p.beta_weighted, beta_benign=p.beta_benign, beta_benign_weighted=p.beta_benign_weighted,
+        beta_hat_median=p.beta_hat_median, seconds=p.seconds, outcome=p.outcome, metrics=dict(p.metrics))
+
+
+def status_to_pb(s: FederationStatus) -> pb.StatusReply:
+    return pb.StatusReply(
+        federation_id=s.federation_id, round=s.round, num_rounds=s.num_rounds, phase=s.phase, outcome=s.outcome,
+        clients_known=s.clients_known, clients_alive=s.clients_alive, selected=s.selected, accepted=s.accepted,
+        rejected=s.rejected, rejected_total=s.rejected_total, history=[report_to_pb(r) for r in s.history],
+        finished=s.finished, resumed_from=s.resumed_from, stopping=s.stopping)
+
+
+def status_from_pb(p: pb.StatusReply) -> FederationStatus:
+    return FederationStatus(
+        federation_id=p.federation_id, round=int(p.round), num_rounds=int(p.num_rounds), phase=p.phase,
+        outcome=p.outcome, clients_known=int(p.clients_known), clients_alive=int(p.clients_alive),
+        selected=int(p.selected), accepted=int(p.accepted), rejected=int(p.rejected),
+        rejected_total=int(p.rejected_total), history=tuple(report_from_pb(r) for r in p.history),
+        finished=p.finished, resumed_from=int(p.resumed_from), stopping=p.stopping)

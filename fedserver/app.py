@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from fedcore.config import ServerConfig
+from fedcore.report import FederationStatus
 from fedserver.coordinator import Coordinator
 from fedserver.servicer import add_to_server, set_serving
 
@@ -26,13 +27,16 @@ def grpc_options(config: ServerConfig) -> list[tuple[str, Any]]:
 
 
 async def serve(config: ServerConfig, ready: Callable[[int, Coordinator], None] | None = None,
-                stop: asyncio.Event | None = None, linger_s: float = 2.0) -> dict[str, Any]:
+                stop: asyncio.Event | None = None, linger_s: float = 2.0, fresh: bool = False) -> FederationStatus:
     """Run the federation to its end (or until ``stop`` is set); returns the final status.
 
-    After the last round the server keeps answering until every live client has been told that the
-    federation finished (at most ``linger_s`` seconds), so that clients leave cleanly.
+    A federation already in ``config.server.run_dir`` is resumed (``fresh`` moves it aside and starts a new
+    one). After the last round the server keeps answering until every live client has been told that the
+    federation finished (at most ``linger_s`` seconds), so that clients leave cleanly. When ``stop`` is set
+    first, the stop is graceful (:meth:`Coordinator.stop`): the status then has ``stopping`` set.
     """
     coord = Coordinator(config)
+    coord.open(fresh)
     server = grpc.aio.server(options=grpc_options(config))
     health = add_to_server(server, coord)
     port = server.add_insecure_port(config.server.address)
@@ -55,7 +59,9 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator], None] 
             while not coord.all_told_finished() and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.05)
         else:
-            coord.log.info("server.stopping", reason="stop requested")
+            await coord.stop()
+            # Polling clients are told to come back later before the port closes.
+            await asyncio.sleep(min(linger_s, 0.2))
             run.cancel()
         return coord.status()
     finally:
@@ -63,18 +69,20 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator], None] 
             stopper.cancel()
         await set_serving(health, False)
         await server.stop(grace=0.5)
+        coord.close()
         coord.log.info("server.stopped")
 
 
 class ServerThread:
     """A server running in a background thread (tests, benchmarks, apps embedding the coordinator)."""
 
-    def __init__(self, config: ServerConfig, linger_s: float = 2.0) -> None:
+    def __init__(self, config: ServerConfig, linger_s: float = 2.0, fresh: bool = False) -> None:
         self.config = config
         self.linger_s = linger_s
+        self.fresh = fresh
         self.port = 0
         self.coordinator: Coordinator | None = None
-        self.result: dict[str, Any] | None = None
+        self.result: FederationStatus | None = None
         self.error: BaseException | None = None
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,7 +98,7 @@ class ServerThread:
                 self.port, self.coordinator = port, coord
                 self._ready.set()
 
-            self.result = await serve(self.config, on_ready, self._stop, self.linger_s)
+            self.result = await serve(self.config, on_ready, self._stop, self.linger_s, self.fresh)
 
         try:
             asyncio.run(go())
@@ -112,7 +120,7 @@ class ServerThread:
         host = self.config.server.address.rpartition(":")[0]
         return f"{host}:{self.port}"
 
-    def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
+    def wait(self, timeout: float | None = None) -> FederationStatus | None:
         self._thread.join(timeout)
         if self.error is not None:
             raise self.error

@@ -1,8 +1,18 @@
 """``fedserver``: run a federation coordinator.
 
 Configuration: defaults <- ``--config FILE.toml`` <- ``--set section.key=value`` <- the named flags below.
-Exit status: 0 when the federation completed its rounds, 2 for a bad configuration, 3 when it stalled
-(too few clients within ``rounds.sampling_timeout_s``), 1 for an unexpected error.
+The run directory (``--run-dir``) holds the federation's state: started again with the same command line, the
+server resumes an unfinished federation from its last completed round (a round in flight is re-run), and
+does nothing for a finished one; ``--fresh`` moves the old state aside into ``RUN_DIR/previous/`` and starts
+over. A configuration that would change the stored federation (model, data, training, aggregation, seed, K)
+is refused, naming the field.
+
+SIGTERM or SIGINT stops gracefully: no more updates are taken, the state is saved, polling clients are told
+to come back, and the exit status is 4; the next start resumes.
+
+Exit status: 0 when the federation completed its rounds (or had already completed them), 2 for a bad
+configuration, 3 when it stalled (too few clients within ``rounds.sampling_timeout_s``), 4 when stopped by
+a signal before it finished (resumable), 1 for an unexpected error.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from typing import Any
 
 from fedcore.config import ConfigError, ServerConfig, build_config, parse_override, to_dict
 from fedcore.log import configure_logging
+from fedcore.report import FederationStatus
 
 # flag -> (config path, type)
 _FLAGS: dict[str, tuple[str, Any, str]] = {
@@ -53,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--linger", type=float, default=10.0,
                     help="after the last round, keep answering until every live client was told it finished, "
                          "at most this many seconds")
+    ap.add_argument("--fresh", action="store_true",
+                    help="start a new federation even if RUN_DIR holds one; the old state is moved to "
+                         "RUN_DIR/previous/<time>/, never deleted")
     ap.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
     return ap
 
@@ -100,20 +114,32 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(json=config.server.log_json, level=config.server.log_level)
     from fedserver.app import serve
 
-    async def go() -> dict[str, Any]:
+    async def go() -> FederationStatus:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        return await serve(config, stop=stop, linger_s=args.linger)
+        return await serve(config, stop=stop, linger_s=args.linger, fresh=args.fresh)
 
     try:
         status = asyncio.run(go())
+    except ConfigError as e:
+        print(f"fedserver: configuration error: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"fedserver: {e}", file=sys.stderr)
         return 1
-    if status.get("outcome") == "stalled":
-        return 3
+    return exit_code(status)
+
+
+EXIT_STALLED, EXIT_STOPPED = 3, 4
+
+
+def exit_code(status: FederationStatus) -> int:
+    if status.finished and status.outcome == "stalled":
+        return EXIT_STALLED
+    if not status.finished:
+        return EXIT_STOPPED
     return 0
 
 

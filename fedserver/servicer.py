@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from fedcore.config import FederationInfo
 from fedcore.serialization import Reassembler, SerializationError
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
@@ -21,24 +22,12 @@ class FederationServicer(pb_grpc.FederationServicer):
     def __init__(self, coordinator: Coordinator) -> None:
         self.coord = coordinator
         cfg = coordinator.config
-        self._join_config = pb.FederationConfig(
-            federation_id=cfg.server.federation_id,
-            model_name=cfg.model.name,
-            model_kwargs_json=_json(cfg.model.kwargs),
-            model_fingerprint=coordinator.fingerprint,
-            model_spec=wire.metas_to_pb(coordinator.manifest),
-            training=pb.TrainingConfig(
-                local_epochs=cfg.training.local_epochs, batch_size=cfg.training.batch_size,
-                learning_rate=cfg.training.learning_rate, momentum=cfg.training.momentum,
-                weight_decay=cfg.training.weight_decay, lr_decay=cfg.training.lr_decay,
-                grad_clip_norm=cfg.training.grad_clip_norm, prox_mu=cfg.training.prox_mu),
-            dataset=cfg.data.dataset,
-            data_options_json=_json(cfg.data.options),
-            num_rounds=cfg.rounds.num_rounds,
-            seed=cfg.rounds.seed,
-            nfl_mode="off",
-            chunk_bytes=cfg.server.chunk_bytes,
-        )
+        self._join_config = wire.federation_to_pb(FederationInfo(
+            federation_id=cfg.server.federation_id, model_name=cfg.model.name, model_kwargs=cfg.model.kwargs,
+            model_fingerprint=coordinator.fingerprint, model_spec=tuple(coordinator.manifest),
+            training=cfg.training, dataset=cfg.data.dataset, data_options=cfg.data.options,
+            num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed, nfl_mode="off",
+            chunk_bytes=cfg.server.chunk_bytes))
 
     async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
         caps = request.capabilities
@@ -114,41 +103,11 @@ class FederationServicer(pb_grpc.FederationServicer):
         return pb.LeaveReply()
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
-        return status_to_pb(self.coord.status())
-
-
-def status_to_pb(st: dict[str, Any]) -> pb.StatusReply:
-    return pb.StatusReply(
-        federation_id=st["federation_id"], round=st["round"], num_rounds=st["num_rounds"], phase=st["phase"],
-        clients_known=st["clients_known"], clients_alive=st["clients_alive"], selected=st["selected"],
-        accepted=st["accepted"], rejected=st["rejected"], rejected_total=st["rejected_total"],
-        finished=st["finished"],
-        history=[pb.RoundSummary(round=h["round"], selected=h["selected"], accepted=h["accepted"],
-                                 rejected=h["rejected"], mean_train_loss=h["mean_train_loss"],
-                                 mean_test_accuracy=h["mean_test_accuracy"], seconds=h["seconds"],
-                                 outcome=h["outcome"], metrics=_round_metrics(h))
-                 for h in st["history"]],
-    )
-
-
-_SUMMARY_FIELDS = {"round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds",
-                   "outcome", "metrics"}
-
-
-def _round_metrics(h: dict[str, Any]) -> dict[str, float]:
-    """Aggregation metrics plus every other numeric summary value (beta, central accuracy, ...)."""
-    extra = {k: float(v) for k, v in h.items() if k not in _SUMMARY_FIELDS and isinstance(v, (int, float))}
-    return {**h["metrics"], **extra}
+        return wire.status_to_pb(self.coord.status())
 
 
 async def _abort(context: grpc.aio.ServicerContext, e: ProtocolError) -> Any:
     await context.abort(getattr(grpc.StatusCode, e.code), e.message)
-
-
-def _json(obj: Any) -> str:
-    import json
-
-    return json.dumps(obj, sort_keys=True)
 
 
 def add_to_server(server: grpc.aio.Server, coordinator: Coordinator) -> health.aio.HealthServicer:

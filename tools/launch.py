@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedcore.config import toml_literal
+from fedcore.report import RoundReport
 
 COLUMNS = ("round", "selected", "accepted", "rejected", "train_loss", "test_acc", "beta", "beta_b", "nfl", "seconds")
 LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_epochs", "rounds", "k", "trainer",
@@ -52,9 +53,8 @@ def format_header() -> str:
     return "{:>5} {:>8} {:>8} {:>8} {:>10} {:>8} {:>7} {:>7} {:>5} {:>8}".format(*COLUMNS)
 
 
-def format_row(h: Any, nfl: str) -> str:
-    nan = float("nan")
-    beta, beta_b = h.metrics.get("beta", nan), h.metrics.get("beta_benign", nan)
+def format_row(h: RoundReport, nfl: str) -> str:
+    beta, beta_b = h.beta, h.beta_benign
     return (f"{h.round:>5} {h.selected:>8} {h.accepted:>8} {h.rejected:>8} {_fmt(h.mean_train_loss):>10} "
             f"{_fmt(h.mean_test_accuracy):>8} {_fmt(beta, 3):>7} {_fmt(beta_b, 3):>7} {nfl:>5} {h.seconds:>8.3f}")
 
@@ -114,8 +114,11 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
         server_cmd += ["--round-timeout", str(args.round_timeout)]
     for item in args.server_set:
         server_cmd += ["--set", item]
+    if not args.resume:
+        server_cmd.append("--fresh")
+    mode = "ab" if args.resume else "wb"
     logs: list[IO[bytes]] = []
-    slog = open(run_dir / "server.log", "wb")  # noqa: SIM115 (closed in finish())
+    slog = open(run_dir / "server.log", mode)  # noqa: SIM115 (closed in finish())
     logs.append(slog)
     server = subprocess.Popen(server_cmd, stdout=slog, stderr=subprocess.STDOUT, env=env)
     clients: list[subprocess.Popen[bytes]] = []
@@ -126,7 +129,7 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
         count = min(per_proc, args.clients - first)
         if count <= 0:
             break
-        clog = open(run_dir / f"clients-{p}.log", "wb")  # noqa: SIM115
+        clog = open(run_dir / f"clients-{p}.log", mode)  # noqa: SIM115
         logs.append(clog)
         if args.virtual:
             mine = [i for i in args.attacker_ids if first <= i < first + count]
@@ -145,18 +148,15 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
     return Launch(server, clients, address, logs)
 
 
-def _jsonl_rows(run_dir: Path, after: int) -> list[Any]:
-    """Round summaries from the server's rounds.jsonl after round ``after``, shaped like StatusReply rows."""
-    from types import SimpleNamespace
-
+def _jsonl_rows(run_dir: Path, after: int) -> list[RoundReport]:
+    """Round reports from the server's rounds.jsonl after round ``after``."""
     path = run_dir / "rounds.jsonl"
-    rows = []
+    rows: list[RoundReport] = []
     if path.exists():
         for line in path.read_text().splitlines():
-            h = json.loads(line)
-            if h["round"] > after:
-                extra = {k: v for k, v in h.items() if isinstance(v, (int, float)) and k != "round"}
-                rows.append(SimpleNamespace(**{**h, "metrics": {**h["metrics"], **extra}}))
+            r = RoundReport.from_dict(json.loads(line))
+            if r.round > after:
+                rows.append(r)
     return rows
 
 
@@ -164,22 +164,23 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
     """Print each completed round as the server reports it; returns the server's exit code."""
     import grpc
 
+    from fedguard import wire
     from fedguard.v1 import fedguard_pb2 as pb
     from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
 
     channel = grpc.insecure_channel(launch.address)
     stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
-    printed = 0
-    history: list[Any] = []
+    history: list[RoundReport] = []
     print(format_header(), file=out, flush=True)
     while True:
         rc = launch.server.poll()
         try:
-            st = stub.GetStatus(pb.StatusRequest(), timeout=2.0)
-            for h in st.history[printed:]:
-                print(format_row(h, "off"), file=out, flush=True)
-            history = list(st.history)
-            printed = len(st.history)
+            st = wire.status_from_pb(stub.GetStatus(pb.StatusRequest(), timeout=2.0))
+            last = history[-1].round if history else 0
+            for h in st.history:
+                if h.round > last:
+                    print(format_row(h, "off"), file=out, flush=True)
+                    history.append(h)
         except grpc.RpcError:
             pass
         if rc is not None:
@@ -194,7 +195,7 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
         time.sleep(interval)
 
 
-def last_rounds_summary(history: list[Any], last: int = 10) -> str:
+def last_rounds_summary(history: list[RoundReport], last: int = 10) -> str:
     """Means over the last ``last`` rounds (the papers' convention), NaN-free values only."""
     tail = history[-last:]
 
@@ -202,12 +203,11 @@ def last_rounds_summary(history: list[Any], last: int = 10) -> str:
         vals = [v for v in (get(h) for h in tail) if v == v]
         return _fmt(sum(vals) / len(vals)) if vals else "-"
 
-    nan = float("nan")
     return (f"last {len(tail)} rounds: test_acc {mean(lambda h: h.mean_test_accuracy)}, "
-            f"benign test_acc {mean(lambda h: h.metrics.get('test_accuracy_benign', nan))}, "
-            f"beta {mean(lambda h: h.metrics.get('beta', nan))}, "
-            f"beta_benign {mean(lambda h: h.metrics.get('beta_benign', nan))}, "
-            f"central_acc {mean(lambda h: h.metrics.get('central_accuracy', nan))}")
+            f"benign test_acc {mean(lambda h: h.test_accuracy_benign)}, "
+            f"beta {mean(lambda h: h.beta)}, "
+            f"beta_benign {mean(lambda h: h.beta_benign)}, "
+            f"central_acc {mean(lambda h: h.central_accuracy)}")
 
 
 def finish(launch: Launch, timeout: float = 30.0) -> list[int | None]:
@@ -240,6 +240,7 @@ def run_worker(args: argparse.Namespace) -> int:
     clients = [FedClient(ClientConfig(server=args.server, client_id=f"client-{i:05d}", data_index=i,
                                       trainer=args.trainer, straggler_delay_s=args.straggler_delay,
                                       private_epochs=args.private_epochs, device=args.device,
+                                      backoff_max_s=args.backoff_max,
                                       attack=attack if i in attackers else AttackConfig()))
                for i in range(args.first, args.first + args.count)]
     for c in clients:
@@ -283,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", help="where clients train: cpu (default), cuda, cuda:N or auto")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--run-dir", default="runs/launch")
+    ap.add_argument("--resume", action="store_true",
+                    help="resume the federation in --run-dir (default: start a new one; the server moves the "
+                         "old state to RUN_DIR/previous/)")
     return ap
 
 
@@ -309,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         wp.add_argument("--attackers", default="", help="comma-separated client indices")
         wp.add_argument("--attack-json", default="{}")
         wp.add_argument("--device", default="cpu")
+        wp.add_argument("--backoff-max", type=float, default=10.0,
+                        help="longest wait between reconnection attempts (seconds)")
         return run_worker(wp.parse_args(argv[1:]))
     args = build_parser().parse_args(argv)
     run_dir = Path(args.run_dir)

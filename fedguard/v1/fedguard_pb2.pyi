@@ -265,7 +265,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "metrics")
+    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat_median")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,14 @@ class RoundSummary(_message.Message):
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    TEST_ACCURACY_BENIGN_FIELD_NUMBER: _ClassVar[int]
+    CENTRAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    BETA_FIELD_NUMBER: _ClassVar[int]
+    BETA_WEIGHTED_FIELD_NUMBER: _ClassVar[int]
+    BETA_BENIGN_FIELD_NUMBER: _ClassVar[int]
+    BETA_BENIGN_WEIGHTED_FIELD_NUMBER: _ClassVar[int]
+    BETA_HAT_MEDIAN_FIELD_NUMBER: _ClassVar[int]
     round: int
     selected: int
     accepted: int
@@ -291,10 +299,18 @@ class RoundSummary(_message.Message):
     seconds: float
     outcome: str
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    attempt: int
+    test_accuracy_benign: float
+    central_accuracy: float
+    beta: float
+    beta_weighted: float
+    beta_benign: float
+    beta_benign_weighted: float
+    beta_hat_median: float
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat_median: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("federation_id", "round", "num_rounds", "phase", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished")
+    __slots__ = ("federation_id", "round", "num_rounds", "phase", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished", "outcome", "resumed_from", "stopping")
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     NUM_ROUNDS_FIELD_NUMBER: _ClassVar[int]
@@ -307,6 +323,9 @@ class StatusReply(_message.Message):
     REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     round: int
     num_rounds: int
@@ -319,4 +338,7 @@ class StatusReply(_message.Message):
     rejected_total: int
     history: _containers.RepeatedCompositeFieldContainer[RoundSummary]
     finished: bool
-    def __init__(self, federation_id: _Optional[str] = ..., round: _Optional[int] = ..., num_rounds: _Optional[int] = ..., phase: _Optional[str] = ..., clients_known: _Optional[int] = ..., clients_alive: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejected_total: _Optional[int] = ..., history: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., finished: _Optional[bool] = ...) -> None: ...
+    outcome: str
+    resumed_from: int
+    stopping: bool
+    def __init__(self, federation_id: _Optional[str] = ..., round: _Optional[int] = ..., num_rounds: _Optional[int] = ..., phase: _Optional[str] = ..., clients_known: _Optional[int] = ..., clients_alive: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejected_total: _Optional[int] = ..., history: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., finished: _Optional[bool] = ..., outcome: _Optional[str] = ..., resumed_from: _Optional[int] = ..., stopping: _Optional[bool] = ...) -> None: ...

@@ -22,15 +22,15 @@ def test_rule_and_dp_from_config_run_over_grpc(tmp_path: Path, rule: str) -> Non
         agg["trim_m"] = 1
     cfg = server_config(tmp_path, rounds={"num_rounds": 2, "clients_per_round": 5}, aggregation=agg)
     status, _ = run_federation(cfg, 5)
-    assert status is not None and status["outcome"] == "completed"
-    for h in status["history"]:
-        m = h["metrics"]
-        assert h["accepted"] == 5 and m["num_updates"] == 5
+    assert status is not None and status.outcome == "completed"
+    for h in status.history:
+        m = h.metrics
+        assert h.accepted == 5 and m["num_updates"] == 5
         # N(0, sigma^2 I) over P = 4,554 parameters: ||noise|| ~ sigma * sqrt(P) ~ 0.067.
         assert 0.03 < m["noise_norm"] < 0.12
         assert "w_div" in m and math.isclose(m["delta"], m["w_div"] - m["noise_norm"], rel_tol=1e-6, abs_tol=1e-9)
     if rule == "krum":
-        assert status["history"][0]["metrics"]["num_excluded"] == 4
+        assert status.history[0].metrics["num_excluded"] == 4
 
 
 def test_median_ignores_a_byzantine_update(tmp_path: Path) -> None:

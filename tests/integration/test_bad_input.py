@@ -108,9 +108,9 @@ def test_each_bad_update_is_refused_with_its_status_and_the_round_goes_on(federa
     while not srv.coordinator.history and time.monotonic() < deadline:
         time.sleep(0.02)
     hist = srv.coordinator.history[0]
-    assert hist["round"] == 1 and hist["accepted"] == 1 and hist["outcome"] == "all_responded"
+    assert hist.round == 1 and hist.accepted == 1 and hist.outcome == "all_responded"
     # gRPC's transport refuses the oversize message itself; the servicer sees a truncated update and counts it.
-    assert hist["rejected"] == len(CASES)
+    assert hist.rejected == len(CASES)
     st = s.GetStatus(pb.StatusRequest(), timeout=5)
     assert st.history[0].rejected == len(CASES) and st.rejected_total == len(CASES)
 

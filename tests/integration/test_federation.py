@@ -28,27 +28,30 @@ def test_five_clients_three_rounds_accuracy_rises(tmp_path: Path) -> None:
     cfg = server_config(tmp_path, rounds={"num_rounds": 3, "clients_per_round": 5},
                         training={"local_epochs": 2, "learning_rate": 0.05})
     status, summaries = run_federation(cfg, 5)
-    assert status is not None and status["finished"] and status["outcome"] == "completed"
-    hist = status["history"]
-    assert [h["round"] for h in hist] == [1, 2, 3]
-    assert all(h["accepted"] == 5 and h["rejected"] == 0 for h in hist)
+    assert status is not None and status.finished and status.outcome == "completed"
+    hist = status.history
+    assert [h.round for h in hist] == [1, 2, 3]
+    assert all(h.accepted == 5 and h.rejected == 0 for h in hist)
     # Round r's accuracy is that of w^{r-1} on the clients' local test splits: it must rise.
-    acc = [h["mean_test_accuracy"] for h in hist]
+    acc = [h.mean_test_accuracy for h in hist]
     assert acc[2] > acc[0] + 0.1, acc
-    assert hist[2]["mean_train_loss"] < hist[0]["mean_train_loss"]
+    assert hist[2].mean_train_loss < hist[0].mean_train_loss
     assert all(s.finished and s.rounds_trained == 3 and s.updates_accepted == 3 for s in summaries)
     final, extra = load_state(tmp_path / "run" / "final_model.fgt")
     assert extra["rounds"] == 3
     assert not all(torch.equal(final[k], v) for k, v in build_model("mlp", seed=0).state_dict().items())
     lines = (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()
     assert len(lines) == 3
-    # A second federation in the same run directory starts its own record.
+    # A fresh federation in the same run directory starts its own record; the old one is moved aside.
     one_round = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 1})
-    again = ServerThread(one_round, linger_s=0.5).start()
+    again = ServerThread(one_round, linger_s=0.5, fresh=True).start()
     extra = _client(again.address, 0).start()
     again.wait(60)
     extra.join(30)
     assert len((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()) == 1
+    (old,) = (tmp_path / "run" / "previous").iterdir()
+    assert len((old / "rounds.jsonl").read_text().splitlines()) == 3
+    assert (old / "state").is_dir() and (old / "final_model.fgt").exists()
 
 
 def test_client_cuts_its_update_to_the_servers_chunk_size(tmp_path: Path) -> None:
@@ -56,8 +59,8 @@ def test_client_cuts_its_update_to_the_servers_chunk_size(tmp_path: Path) -> Non
     cfg = server_config(tmp_path, server={"chunk_bytes": 4096, "max_message_bytes": 8192},
                         rounds={"num_rounds": 2, "clients_per_round": 2})
     status, summaries = run_federation(cfg, 2, timeout=60)
-    assert status is not None and status["outcome"] == "completed"
-    assert [h["accepted"] for h in status["history"]] == [2, 2]
+    assert status is not None and status.outcome == "completed"
+    assert [h.accepted for h in status.history] == [2, 2]
     assert all(s.updates_accepted == 2 and s.updates_rejected == 0 for s in summaries)
 
 
@@ -140,7 +143,7 @@ def test_client_rejoins_after_the_server_restarts(tmp_path: Path) -> None:
     srv2 = ServerThread(second, linger_s=1.0).start()
     status = srv2.wait(60)
     client.join(30)
-    assert status is not None and status["outcome"] == "completed"
+    assert status is not None and status.outcome == "completed"
     assert client.summary.finished and client.summary.rejoins >= 1
     assert "phoenix" in srv2.coordinator.state.clients  # type: ignore[union-attr]
 
@@ -149,8 +152,8 @@ def test_unreachable_min_clients_stalls_instead_of_waiting_forever(tmp_path: Pat
     cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 3, "sampling_timeout_s": 0.5})
     srv = ServerThread(cfg, linger_s=0.1).start()
     status = srv.wait(30)
-    assert status is not None and status["outcome"] == "stalled" and status["finished"]
-    assert math.isclose(len(status["history"]), 0)
+    assert status is not None and status.outcome == "stalled" and status.finished
+    assert math.isclose(len(status.history), 0)
 
 
 def test_unknown_session_is_unauthenticated(tmp_path: Path) -> None:
@@ -176,8 +179,8 @@ def test_heartbeats_keep_a_slow_client_alive_past_the_patience(tmp_path: Path) -
     client = _client(srv.address, 0, straggler_delay_s=1.5).start()
     status = srv.wait(60)
     client.join(10)
-    assert status is not None and status["outcome"] == "completed"
-    assert [h["accepted"] for h in status["history"]] == [1, 1]
+    assert status is not None and status.outcome == "completed"
+    assert [h.accepted for h in status.history] == [1, 1]
     assert client.summary.updates_accepted == 2
 
 
@@ -194,7 +197,7 @@ def test_a_client_that_goes_silent_is_dropped_and_the_round_is_rerun(tmp_path: P
         live = _client(srv.address, 1).start()
         status = srv.wait(30)
         live.join(10)
-        assert status is not None and status["outcome"] == "completed"
+        assert status is not None and status.outcome == "completed"
         assert srv.coordinator.state.clients["ghost"].alive is False  # type: ignore[union-attr]
         assert live.summary.updates_accepted == 1
         ch.close()

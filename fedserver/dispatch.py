@@ -1,0 +1,66 @@
+"""Task dispatch: whether a client has work now, and which model it is handed.
+
+Today every client is handed the one global model; :meth:`TaskDispatcher.model_id_for` is the seam where a
+client's cluster model will be chosen. Packed payloads are cached per (round, model id), so K pulls of the
+same round serialize the model once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedcore import rounds as rm
+from fedcore.config import TrainingConfig
+from fedcore.serialization import TensorMeta, pack
+from fedserver.global_models import GLOBAL, GlobalModels
+
+
+@dataclass(frozen=True)
+class Task:
+    round: int
+    deadline_s: float
+    manifest: list[TensorMeta]
+    payload: bytearray
+    learning_rate: float
+    model_id: str = GLOBAL
+    recovery: bool = False
+
+
+@dataclass(frozen=True)
+class WaitInfo:
+    retry_after_s: float
+    finished: bool
+    reason: str
+
+
+class TaskDispatcher:
+    def __init__(self, models: GlobalModels, training: TrainingConfig) -> None:
+        self.models = models
+        self.training = training
+        self._cache: dict[str, tuple[int, list[TensorMeta], bytearray]] = {}
+
+    def model_id_for(self, client_id: str) -> str:
+        """The model ``client_id`` trains and infers with (its cluster's, once clusters exist)."""
+        return GLOBAL
+
+    def learning_rate(self, round_: int) -> float:
+        return self.training.learning_rate * self.training.lr_decay ** (round_ - 1)
+
+    def task_for(self, state: rm.RoundState, client_id: str, now: float) -> Task | None:
+        """The task of ``client_id`` in the current round, or None when it has none (not selected, done)."""
+        s = state
+        if (s.phase != rm.TRAINING or client_id not in s.selected or client_id in s.accepted
+                or client_id in s.rejected):
+            return None
+        model_id = self.model_id_for(client_id)
+        cached = self._cache.get(model_id)
+        if cached is None or cached[0] != s.round:
+            manifest, payload = pack(self.models.get(model_id))
+            cached = (s.round, manifest, payload)
+            self._cache[model_id] = cached
+        _, manifest, payload = cached
+        return Task(s.round, max(0.0, s.deadline - now), manifest, payload, self.learning_rate(s.round), model_id)
+
+    def invalidate(self) -> None:
+        """Forget cached payloads (the models changed outside a round, e.g. a restore)."""
+        self._cache.clear()

@@ -1,0 +1,75 @@
+"""The server's models, keyed by a model id: ``"global"`` today, one per cluster later (DistFL).
+
+Every model shares the federation's manifest (names, dtypes, shapes). Aggregation works on the flattened
+floating-point parameters; :meth:`GlobalModels.flat` and :meth:`GlobalModels.apply_flat` convert between the
+state dict and that ``[P]`` float32 vector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from fedcore.serialization import TensorMeta, fingerprint, manifest_of
+
+GLOBAL = "global"
+
+
+class GlobalModels:
+    def __init__(self, initial: Mapping[str, torch.Tensor]) -> None:
+        state = {k: v.detach().to("cpu").clone() for k, v in initial.items()}
+        self.manifest: list[TensorMeta] = manifest_of(state)
+        self.fingerprint = fingerprint(self.manifest)
+        self.float_names = [k for k, v in state.items() if v.is_floating_point()]
+        self.num_params = sum(state[k].numel() for k in self.float_names)
+        self._models: dict[str, dict[str, torch.Tensor]] = {GLOBAL: state}
+
+    @classmethod
+    def of(cls, model: nn.Module) -> GlobalModels:
+        return cls(model.state_dict())
+
+    def ids(self) -> list[str]:
+        return sorted(self._models)
+
+    def get(self, model_id: str = GLOBAL) -> dict[str, torch.Tensor]:
+        return self._models[model_id]
+
+    def all(self) -> dict[str, dict[str, torch.Tensor]]:
+        return dict(self._models)
+
+    def put(self, model_id: str, state: Mapping[str, torch.Tensor]) -> None:
+        """Set model ``model_id`` (a restored snapshot's, a new cluster's); the manifest must match."""
+        got = manifest_of(state)
+        if got != self.manifest:
+            raise ValueError(f"model {model_id!r} does not have the federation's manifest (fingerprint "
+                             f"{fingerprint(got)}, expected {self.fingerprint})")
+        self._models[model_id] = dict(state)
+
+    def flat(self, model_id: str = GLOBAL) -> torch.Tensor:
+        state = self._models[model_id]
+        parts = [state[k].reshape(-1).to(torch.float32) for k in self.float_names]
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    def flatten_update(self, tensors: Mapping[str, torch.Tensor], is_delta: bool,
+                       model_id: str = GLOBAL) -> torch.Tensor:
+        """A client's upload as the ``[P]`` float32 update u_i (weights minus the model it was handed)."""
+        base = self._models[model_id]
+        parts = []
+        for name in self.float_names:
+            t = tensors[name].reshape(-1).to(torch.float32)
+            parts.append(t if is_delta else t - base[name].reshape(-1).to(torch.float32))
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    def apply_flat(self, flat: torch.Tensor, model_id: str = GLOBAL) -> None:
+        """Replace model ``model_id``'s floating-point parameters with ``flat`` (buffers stay)."""
+        old = self._models[model_id]
+        new = dict(old)
+        offset = 0
+        for name in self.float_names:
+            t = old[name]
+            n = t.numel()
+            new[name] = flat[offset : offset + n].reshape(t.shape).to(t.dtype)
+            offset += n
+        self._models[model_id] = new

@@ -1,0 +1,159 @@
+"""Update intake: admission of an update header, validation of the received tensors, and folding them into
+the round's aggregator with the sender's client id (the aggregator orders by it, so arrival order never
+changes the result).
+
+The intake owns the round's :class:`~fedcore.aggregation.Aggregator` and :class:`RoundLog` between a
+:class:`~fedcore.rounds.RoundStarted` and the round's close; :meth:`UpdateIntake.take` hands both to the
+finalisation. Every refusal is recorded with the round machine (an ``UpdateRejected`` observation) and raised
+as a :class:`~fedserver.errors.ProtocolError` with its reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from fedcore import rounds as rm
+from fedcore.aggregation import Aggregator, make_aggregator
+from fedcore.config import ServerConfig
+from fedcore.log import get_logger
+from fedcore.serialization import TensorMeta
+from fedserver.errors import ProtocolError
+from fedserver.global_models import GlobalModels
+
+
+@dataclass(frozen=True)
+class UpdateTicket:
+    """An update whose header passed admission; its tensors are being received."""
+
+    client_id: str
+    round: int
+    num_samples: int
+    is_delta: bool
+    train_loss: float
+    beta_hat: float | None
+    metrics: dict[str, float]
+    model_id: str
+
+
+@dataclass
+class ClientReport:
+    """What one accepted client reported with its update (numbers only; the tensors went to the aggregator)."""
+
+    num_samples: int
+    train_loss: float
+    beta_hat: float | None
+    metrics: dict[str, float]
+
+
+@dataclass
+class RoundLog:
+    """The accepted clients' reports of the round in progress, keyed by client id."""
+
+    round: int
+    started_at: float
+    selected: int = 0
+    attempt: int = 0
+    reports: dict[str, ClientReport] = field(default_factory=dict)
+
+
+class UpdateIntake:
+    def __init__(self, config: ServerConfig, models: GlobalModels, state: Callable[[], rm.RoundState],
+                 observe: Callable[[rm.Observation], None], clock: Callable[[], float],
+                 model_id_for: Callable[[str], str]) -> None:
+        self.config = config
+        self.models = models
+        self._state = state
+        self._observe = observe
+        self._clock = clock
+        self._model_id_for = model_id_for
+        self.aggregator: Aggregator | None = None
+        self.round_log: RoundLog | None = None
+        self.log = get_logger("fedserver")
+
+    def open_round(self, round_: int, attempt: int, selected: int, now: float) -> None:
+        """A round (or a new attempt of it) started: a fresh aggregator and log; the start time is kept."""
+        started = self.round_log.started_at if self.round_log and self.round_log.round == round_ else now
+        self.round_log = RoundLog(round_, started, selected, attempt)
+        self.aggregator = make_aggregator(self.config.aggregation, self.models.num_params,
+                                          self.config.rounds.clients_per_round)
+
+    def take(self) -> tuple[Aggregator, RoundLog]:
+        """Hand the closed round's aggregator and log to the finalisation."""
+        assert self.aggregator is not None and self.round_log is not None
+        agg, log = self.aggregator, self.round_log
+        self.aggregator = None
+        return agg, log
+
+    def finished_round(self) -> None:
+        self.aggregator, self.round_log = None, None
+
+    def begin(self, client_id: str, round_: int, num_samples: int, is_delta: bool, train_loss: float,
+              beta_hat: float | None, metrics: Mapping[str, float], manifest: list[TensorMeta],
+              announced_bytes: int) -> UpdateTicket:
+        """Admission of an update header; raises :class:`ProtocolError` (and records the rejection)."""
+        reason = rm.admission(self._state(), client_id, round_)
+        if reason is not None:
+            self.reject(client_id, round_, "FAILED_PRECONDITION", reason)
+        limit = self.config.server.max_update_bytes
+        if announced_bytes > limit:
+            self.reject(client_id, round_, "RESOURCE_EXHAUSTED",
+                        f"update of {announced_bytes} bytes exceeds the limit of {limit}")
+        if manifest != self.models.manifest:
+            self.reject(client_id, round_, "INVALID_ARGUMENT", manifest_mismatch(manifest, self.models.manifest))
+        if num_samples < 1:
+            self.reject(client_id, round_, "INVALID_ARGUMENT", f"num_samples must be >= 1, got {num_samples}")
+        if not math.isfinite(train_loss) or (beta_hat is not None and not math.isfinite(beta_hat)):
+            self.reject(client_id, round_, "INVALID_ARGUMENT", "train_loss and beta_hat must be finite")
+        bad_metric = next((k for k, v in metrics.items() if not math.isfinite(v)), None)
+        if bad_metric is not None:
+            self.reject(client_id, round_, "INVALID_ARGUMENT", f"metric {bad_metric!r} is not finite")
+        return UpdateTicket(client_id, round_, num_samples, is_delta, train_loss, beta_hat, dict(metrics),
+                            self._model_id_for(client_id))
+
+    def reject(self, client_id: str, round_: int, code: str, reason: str) -> None:
+        """Record a refusal with the round machine and raise it."""
+        self.log.warning("update.rejected", client_id=client_id, round=round_, code=code, reason=reason)
+        self._observe(rm.UpdateRejected(client_id, round_, reason, self._clock()))
+        raise ProtocolError(code, reason)
+
+    def submit(self, ticket: UpdateTicket, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Validate the received tensors and fold them into the round (raises :class:`ProtocolError`)."""
+        cid, round_ = ticket.client_id, ticket.round
+        reason = rm.admission(self._state(), cid, round_)
+        if reason is not None:
+            self.reject(cid, round_, "FAILED_PRECONDITION", reason)
+        flat = self.models.flatten_update(tensors, ticket.is_delta, ticket.model_id)
+        if not bool(torch.isfinite(flat).all()):
+            bad = next(k for k in self.models.float_names if not bool(torch.isfinite(tensors[k]).all()))
+            self.reject(cid, round_, "INVALID_ARGUMENT", f"tensor {bad!r} has non-finite values")
+        assert self.aggregator is not None and self.round_log is not None
+        try:
+            self.aggregator.add(flat, float(ticket.num_samples), key=cid)
+        except ValueError as e:
+            self.reject(cid, round_, "INVALID_ARGUMENT", str(e))
+        self.round_log.reports[cid] = ClientReport(ticket.num_samples, ticket.train_loss, ticket.beta_hat,
+                                                   ticket.metrics)
+        self.log.info("update.accepted", client_id=cid, round=round_, num_samples=ticket.num_samples,
+                      train_loss=round(ticket.train_loss, 5))
+        self._observe(rm.UpdateAccepted(cid, round_, self._clock()))
+
+
+def manifest_mismatch(got: list[TensorMeta], want: list[TensorMeta]) -> str:
+    got_by_name = {m.name: m for m in got}
+    want_by_name = {m.name: m for m in want}
+    for m in want:
+        g = got_by_name.get(m.name)
+        if g is None:
+            return f"tensor {m.name!r} is missing"
+        if g.dtype != m.dtype:
+            return f"tensor {m.name!r} has dtype {g.dtype}, expected {m.dtype}"
+        if g.shape != m.shape:
+            return f"tensor {m.name!r} has shape {list(g.shape)}, expected {list(m.shape)}"
+    extra = [m.name for m in got if m.name not in want_by_name]
+    if extra:
+        return f"unexpected tensor {extra[0]!r}"
+    return "tensors are not in the model's order"

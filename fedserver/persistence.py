@@ -1,0 +1,203 @@
+"""Durability of a federation: resume from the run directory's state store, snapshot every completed round.
+
+What a snapshot holds (everything needed to carry on, see :meth:`Persistence.snapshot`): the round machine's
+state with the client registry, every model by id, the metrics history (the rounds' reports), and one slot per
+registered server-side state machine (``register_slot(name, save, load)``: NFL detectors, clusters). Server
+randomness needs no saved RNG state: every draw is seeded by (seed, round, attempt, purpose).
+
+On start, :meth:`Persistence.restore` loads the newest snapshot that verifies (a corrupt or half-written one
+is skipped with a message naming it), refuses a configuration that would change the federation (naming the
+field), and re-appends to ``rounds.jsonl`` any round the file is missing. ``fresh`` moves the old state
+aside into ``run_dir/previous/<time>/`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedcore import rounds as rm
+from fedcore.config import ConfigError, ServerConfig, to_dict
+from fedcore.log import get_logger
+from fedcore.report import RoundReport
+from fedserver import store as store_module
+from fedserver.global_models import GlobalModels
+from fedserver.store import Snapshot, StateStore, archive
+
+STATE_DIR = "state"
+RUN_FILES = ("state", "rounds.jsonl", "config.json", "final_model.fgt")
+# Configuration sections and fields that define the federation: a resumed run must keep them.
+IDENTITY = ("model", "data", "training", "aggregation", "rounds.seed", "rounds.clients_per_round",
+            "rounds.over_select")
+# Test-only fault injection: FEDGUARD_CRASH_AT=<point>:<round> kills the server with SIGKILL there.
+CRASH_ENV = "FEDGUARD_CRASH_AT"
+
+Slot = tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], None]]
+
+
+def crash_point(point: str, round_: int) -> None:
+    """Die at once (SIGKILL, as a power cut would) when the test harness asked for this point and round."""
+    want = os.environ.get(CRASH_ENV, "")
+    if want and want == f"{point}:{round_}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Restored:
+    round_state: rm.RoundState
+    history: list[RoundReport]
+    completed_rounds: int
+
+
+class Persistence:
+    def __init__(self, config: ServerConfig, models: GlobalModels) -> None:
+        self.config = config
+        self.models = models
+        self.run_dir = Path(config.server.run_dir)
+        self.store: StateStore | None = None  # opened by restore(), after --fresh moved old files aside
+        self._slots: dict[str, Slot] = {}
+        self.log = get_logger("fedserver")
+        self.last_save_seconds = 0.0
+        self._saving = 0
+        if os.environ.get(CRASH_ENV, "").startswith("model_written:"):
+            store_module._after_files_written = lambda _paths: crash_point("model_written", self._saving)
+
+    # ---- slots ----
+
+    def register_slot(self, name: str, save: Callable[[], dict[str, Any]],
+                      load: Callable[[dict[str, Any]], None]) -> None:
+        """A server-side state machine's state travels with every snapshot under ``name``."""
+        if name in self._slots:
+            raise ValueError(f"state slot {name!r} is already registered")
+        self._slots[name] = (save, load)
+
+    # ---- start ----
+
+    @staticmethod
+    def start_fresh(run_dir: Path) -> Path | None:
+        """Move an earlier federation's files aside (never deleted); returns where they went."""
+        return archive(run_dir, RUN_FILES)
+
+    def restore(self, now: float) -> Restored | None:
+        """The state to carry on from, or None for a new federation (which this call then records)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        p = self.config.persistence
+        if p.enabled and self.store is None:
+            self.store = StateStore(self.run_dir / STATE_DIR, keep=p.keep_snapshots, fsync=p.fsync)
+        if self.store is None:
+            self._write_config()
+            (self.run_dir / "rounds.jsonl").touch()
+            return None
+        loaded = self.store.load()
+        for line in loaded.skipped:
+            self.log.error("state.snapshot_skipped", reason=line)
+        snap = loaded.snapshot
+        if snap is None:
+            if loaded.skipped:
+                self.log.error("state.no_good_snapshot", run_dir=str(self.run_dir),
+                               reason="every snapshot failed verification; starting a new federation")
+            self.store.put_meta("config", to_dict(self.config))
+            self._write_config()
+            (self.run_dir / "rounds.jsonl").touch()
+            self.snapshot(rm.RoundState(phase_since=now), [], 0)  # round 0: the initial model
+            return None
+        stored = self.store.get_meta("config") or {}
+        check_identity(stored, json.loads(json.dumps(to_dict(self.config))))
+        for model_id, tensors in snap.models.items():
+            self.models.put(model_id, tensors)
+        for name, value in snap.state.get("slots", {}).items():
+            if name in self._slots:
+                self._slots[name][1](value)
+        history = [RoundReport.from_dict(d) for d in snap.state.get("history", [])]
+        raw = (loaded.progress or {}).get("round_state") or snap.state["round_state"]
+        state = rm.resume(rm.RoundState.from_dict(raw), snap.completed_rounds, self.config.rounds, now)
+        self._append_missing_rows(history)
+        if loaded.skipped:
+            self.log.warning("state.fell_back", completed_rounds=snap.completed_rounds,
+                             reason="newer snapshots failed verification (see state.snapshot_skipped)")
+        self.log.info("federation.resumed", completed_rounds=snap.completed_rounds, round=state.round,
+                      attempt=state.attempt, phase=state.phase, clients=len(state.clients))
+        return Restored(state, history, snap.completed_rounds)
+
+    def _write_config(self) -> None:
+        (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
+
+    def _append_missing_rows(self, history: list[RoundReport]) -> None:
+        """Rounds the store has but ``rounds.jsonl`` lacks (a crash between the commit and the append)."""
+        path = self.run_dir / "rounds.jsonl"
+        last = 0
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    last = max(last, int(json.loads(line)["round"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+        if history and last > history[-1].round:
+            self.log.warning("state.rounds_file_ahead", rounds_file_round=last, restored_round=history[-1].round,
+                             reason="rounds.jsonl has rows past the restored snapshot; re-run rounds are "
+                                    "appended after them")
+        missing = [r for r in history if r.round > last]
+        for r in missing:
+            write_round(self.run_dir, r)
+
+    # ---- every round ----
+
+    def snapshot(self, state: rm.RoundState, history: list[RoundReport], completed_rounds: int) -> None:
+        """Persist a completed round (blocking file IO: run it in a worker thread)."""
+        if self.store is None:
+            return
+        body = {
+            "round_state": state.to_dict(),
+            "history": [r.to_dict() for r in history],
+            "slots": {name: save() for name, (save, _) in sorted(self._slots.items())},
+        }
+        self._saving = completed_rounds
+        stats = self.store.save(Snapshot(completed_rounds, body, self.models.all()))
+        self.last_save_seconds = stats.seconds
+
+    def progress(self, state: rm.RoundState) -> None:
+        """Record the round machine between snapshots (an abandoned attempt, a stop) so a restart re-runs
+        the in-flight round with the same attempt counter."""
+        if self.store is not None:
+            self.store.put_progress({"round_state": state.to_dict()})
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def write_round(run_dir: Path, report: RoundReport) -> None:
+    with open(run_dir / "rounds.jsonl", "a") as f:
+        f.write(json.dumps(report.to_dict()) + "\n")
+
+
+def check_identity(stored: dict[str, Any], current: dict[str, Any]) -> None:
+    """Refuse a configuration that changes what the stored federation is (raises :class:`ConfigError`)."""
+    for path in IDENTITY:
+        old, new = _get(stored, path), _get(current, path)
+        if isinstance(old, dict) and isinstance(new, dict):
+            for key in sorted(set(old) | set(new)):
+                if old.get(key) != new.get(key):
+                    _refuse(f"{path}.{key}", old.get(key), new.get(key))
+        elif old != new:
+            _refuse(path, old, new)
+
+
+def _get(d: dict[str, Any], path: str) -> Any:
+    node: Any = d
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _refuse(path: str, old: Any, new: Any) -> None:
+    raise ConfigError(path, f"was {old!r} when this federation started, now {new!r}: resuming would change the "
+                            "federation; use the original value, or start over with --fresh (the old state is "
+                            "moved aside)")

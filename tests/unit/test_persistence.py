@@ -1,0 +1,165 @@
+"""fedserver.persistence without gRPC: slots, identity checks, rounds.jsonl reconciliation, fallback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fedcore import rounds as rm
+from fedcore.config import ConfigError, ServerConfig, build_config
+from fedcore.models import build_model
+from fedcore.report import RoundReport
+from fedserver.global_models import GlobalModels
+from fedserver.persistence import Persistence, check_identity
+
+
+def _config(run_dir: Path, **sections: dict[str, Any]) -> ServerConfig:
+    overrides: list[tuple[list[str], Any]] = [(["server", "run_dir"], str(run_dir))]
+    for section, values in sections.items():
+        overrides += [([section, k], v) for k, v in values.items()]
+    return build_config(ServerConfig, None, overrides)
+
+
+def _models(seed: int = 0) -> GlobalModels:
+    return GlobalModels.of(build_model("mlp", seed=seed))
+
+
+def _completed(p: Persistence, models: GlobalModels, rounds: int) -> list[RoundReport]:
+    """Simulate ``rounds`` completed rounds: the model moves, a report is written and a snapshot taken."""
+    history: list[RoundReport] = []
+    for r in range(1, rounds + 1):
+        models.apply_flat(models.flat() + 0.01 * r)
+        history.append(RoundReport(round=r, accepted=3, metrics={"num_updates": 3.0}))
+        p.snapshot(rm.RoundState(round=r, phase=rm.AGGREGATING), history, r)
+        with open(p.run_dir / "rounds.jsonl", "a") as f:
+            f.write(json.dumps(history[-1].to_dict()) + "\n")
+    return history
+
+
+def test_a_new_run_dir_starts_a_new_federation_and_a_second_start_resumes_it(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "run")
+    models = _models()
+    p = Persistence(cfg, models)
+    assert p.restore(now=0.0) is None
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["rounds"]["seed"] == 0
+    _completed(p, models, 2)
+    p.close()
+
+    again = _models()
+    p2 = Persistence(cfg, again)
+    restored = p2.restore(now=9.0)
+    assert restored is not None and restored.completed_rounds == 2
+    assert (restored.round_state.round, restored.round_state.phase) == (3, rm.SAMPLING)
+    assert [r.round for r in restored.history] == [1, 2]
+    assert torch.equal(again.flat(), models.flat())
+    p2.close()
+
+
+def test_slots_travel_with_every_snapshot(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "run")
+    detector = {"negative_rounds": 0}
+    p = Persistence(cfg, _models())
+    p.register_slot("detector", lambda: dict(detector), lambda d: detector.update(d))
+    with pytest.raises(ValueError, match="already registered"):
+        p.register_slot("detector", dict, lambda d: None)
+    p.restore(now=0.0)
+    detector["negative_rounds"] = 7
+    _completed(p, p.models, 1)
+    p.close()
+
+    seen: dict[str, Any] = {}
+    p2 = Persistence(cfg, _models())
+    p2.register_slot("detector", dict, seen.update)
+    assert p2.restore(now=0.0) is not None
+    assert seen == {"negative_rounds": 7}
+    p2.close()
+
+
+def test_rounds_missing_from_rounds_jsonl_are_appended_and_nothing_is_truncated(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "run")
+    p = Persistence(cfg, _models())
+    p.restore(now=0.0)
+    _completed(p, p.models, 3)
+    p.close()
+    path = tmp_path / "run" / "rounds.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:1]) + "\n")  # as if the server died after committing rounds 2 and 3
+    p2 = Persistence(cfg, _models())
+    p2.restore(now=0.0)
+    p2.close()
+    assert [json.loads(x)["round"] for x in path.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_corrupt_newest_snapshot_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "run")
+    models = _models()
+    p = Persistence(cfg, models)
+    p.restore(now=0.0)
+    _completed(p, models, 2)
+    p.close()
+    newest = max((tmp_path / "run" / "state" / "models").glob("r000002-*.fgt"))
+    newest.write_bytes(newest.read_bytes()[:100])  # half-written
+    p2 = Persistence(cfg, _models())
+    restored = p2.restore(now=0.0)
+    p2.close()
+    assert restored is not None and restored.completed_rounds == 1 and restored.round_state.round == 2
+
+
+@pytest.mark.parametrize(("section", "values", "field"), [
+    ("rounds", {"seed": 1}, "rounds.seed"),
+    ("rounds", {"clients_per_round": 5}, "rounds.clients_per_round"),
+    ("model", {"name": "logreg"}, "model.name"),
+    ("data", {"dataset": "other"}, "data.dataset"),
+    ("aggregation", {"rule": "median"}, "aggregation.rule"),
+    ("training", {"learning_rate": 0.5}, "training.learning_rate"),
+])
+def test_a_change_that_would_break_the_federation_is_refused_naming_the_field(
+        tmp_path: Path, section: str, values: dict[str, Any], field: str) -> None:
+    cfg = _config(tmp_path / "run")
+    p = Persistence(cfg, _models())
+    p.restore(now=0.0)
+    p.close()
+    changed = _config(tmp_path / "run", **{section: values})
+    stored = json.loads((tmp_path / "run" / "config.json").read_text())
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as e:
+        check_identity(stored, json.loads(json.dumps(__import__("dataclasses").asdict(changed))))
+    assert e.value.field == field and "--fresh" in str(e.value)
+
+
+def test_more_rounds_and_other_timeouts_are_allowed_on_resume(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "run", rounds={"num_rounds": 2})
+    p = Persistence(cfg, _models())
+    p.restore(now=0.0)
+    _completed(p, p.models, 2)
+    p.close()
+    longer = _config(tmp_path / "run", rounds={"num_rounds": 4, "round_timeout_s": 5.0})
+    p2 = Persistence(longer, _models())
+    restored = p2.restore(now=0.0)
+    p2.close()
+    assert restored is not None and (restored.round_state.round, restored.round_state.phase) == (3, rm.SAMPLING)
+
+
+def test_fresh_moves_the_old_federation_aside(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "run")
+    p = Persistence(cfg, _models())
+    p.restore(now=0.0)
+    _completed(p, p.models, 1)
+    p.close()
+    moved = Persistence.start_fresh(tmp_path / "run")
+    assert moved is not None and (moved / "state").is_dir() and (moved / "rounds.jsonl").exists()
+    p2 = Persistence(cfg, _models())
+    assert p2.restore(now=0.0) is None
+    p2.close()
+    assert (tmp_path / "run" / "rounds.jsonl").read_text() == ""
+
+
+def test_persistence_off_writes_no_state(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "run", persistence={"enabled": False})
+    p = Persistence(cfg, _models())
+    assert p.restore(now=0.0) is None
+    _completed(p, p.models, 1)
+    assert not (tmp_path / "run" / "state").exists()
