@@ -27,6 +27,7 @@ from typing import Any
 from fedcore.config import ConfigError, ServerConfig, build_config, parse_override, to_dict
 from fedcore.log import configure_logging
 from fedcore.report import FederationStatus
+from fedserver.store import StoreError
 
 # flag -> (config path, type)
 _FLAGS: dict[str, tuple[str, Any, str]] = {
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         status = asyncio.run(go())
     except ConfigError as e:
         print(f"fedserver: configuration error: {e}", file=sys.stderr)
+        return 2
+    except StoreError as e:
+        print(f"fedserver: state store: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"fedserver: {e}", file=sys.stderr)

@@ -137,3 +137,19 @@ def test_a_corrupt_snapshot_falls_back_and_the_round_is_re_run(tmp_path: Path,
     assert _same(_final(run_dir), uninterrupted)
     # Round 4's row was written before the corruption; the re-run appends it again, never truncating.
     assert _rounds_file(run_dir) == [1, 2, 3, 4, 4]
+
+
+def test_a_state_db_that_is_not_a_store_is_refused_and_left_alone(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from fedserver.cli import main
+
+    run_dir = tmp_path / "run"
+    (run_dir / "state").mkdir(parents=True)
+    junk = b"this is not a SQLite database" * 100
+    (run_dir / "state" / "state.db").write_bytes(junk)
+    rc = main(["--run-dir", str(run_dir), "--address", "127.0.0.1:0", "--rounds", "1", "--model", "mlp",
+               "--dataset", "synthetic"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "state store" in err and "state.db" in err
+    assert (run_dir / "state" / "state.db").read_bytes() == junk  # nothing lost
