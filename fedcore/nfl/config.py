@@ -1,0 +1,88 @@
+"""The ``[nfl]`` configuration section: which NFL detector the server runs and how recovery stops (SPEC §6).
+
+A plain dataclass like the sections of :mod:`fedcore.config`, loadable with :func:`fedcore.config.from_dict`
+(so its field types are the plain ``str``/``int``/``float`` that loader coerces). :func:`validate_nfl_config`
+(also :meth:`NflConfig.validate`) raises :class:`fedcore.config.ConfigError` naming the field (``nfl.nr: must
+be an integer >= 0, got -1``).
+
+This module does not import :mod:`fedcore.config` at import time, so that :mod:`fedcore.config` can import
+:class:`NflConfig` for its ``ServerConfig`` without an import cycle; ``ConfigError`` is imported when a check
+runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Modes (FL-GUARD §4.3): vanilla FL until the detector reports NFL / the recovery flag set from round 1 with no
+# detection ("all-time recovery") / no recovery ever (vanilla FL; β̂ and Δ are still tracked for display).
+DETECT_AND_RECOVER = "detect-and-recover"
+ALWAYS_RECOVER = "always-recover"
+OFF = "off"
+MODES = (DETECT_AND_RECOVER, ALWAYS_RECOVER, OFF)
+
+# Recovery stopping strategies (FL-GUARD §5.1, "long-term" / "short-term" recovery).
+LONG_TERM = "long-term"
+SHORT_TERM = "short-term"
+RECOVERY_STRATEGIES = (LONG_TERM, SHORT_TERM)
+
+
+@dataclass
+class NflConfig:
+    # detect-and-recover (default) | always-recover | off; see the constants above.
+    mode: str = DETECT_AND_RECOVER
+    # The server's NFL detector, by registered name (fedcore.nfl.detectors.DETECTORS): "beta_hat" (FL-GUARD §4.1,
+    # the median of the clients' β̂ᵢ averaged over the last c rounds) or "delta" (LINDT §3.4, Δ = w_div − ‖noise‖).
+    detector: str = "beta_hat"
+    # beta_hat: NFL is reported when β̂ < 0 has been observed in more than nr rounds (a count, not necessarily
+    # consecutive), i.e. at the (nr+1)-th negative round. FL-GUARD Table 3: 50 (CIFAR-like), 70 (Shakespeare-like).
+    nr: int = 50
+    # beta_hat: β̂ is the mean of the last c round medians (FL-GUARD Eq. 5), and a report is cancelled after c
+    # consecutive rounds with β̂ >= 0.
+    c: int = 50
+    # delta: the threshold ε > 0 on Δ (LINDT Thm. 1 / Algorithm 2; paper value 0.1).
+    epsilon: float = 0.1
+    # delta: NFL is reported when Δ > ε has been observed in more than r_prime rounds (LINDT's r′; paper: 250).
+    r_prime: int = 250
+    # long-term: recovery never stops once started. short-term: it stops when the detector's stop condition
+    # fires -- beta_hat: when the report is cancelled; delta: delta_stop_rounds (below). Clients keep their
+    # adapted models for inference either way (SPEC §6).
+    recovery: str = LONG_TERM
+    # delta with recovery = "short-term": LINDT appendix C.7's optional stop rule -- recovery stops after Δ < ε
+    # has been observed in this many consecutive rounds (the paper uses 10). 0 disables the stop rule (recovery,
+    # once started, then never stops, as with long-term). Ignored by the beta_hat detector.
+    delta_stop_rounds: int = 10
+
+    def validate(self, prefix: str = "nfl") -> NflConfig:
+        """Check every field (:func:`validate_nfl_config`); returns ``self``."""
+        validate_nfl_config(self, prefix)
+        return self
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def validate_nfl_config(c: NflConfig, prefix: str = "nfl") -> None:
+    """Raise :class:`fedcore.config.ConfigError` naming ``<prefix>.<field>`` for the first unusable field."""
+    from fedcore.config import ConfigError
+    from fedcore.nfl.detectors import DETECTORS
+
+    def check(cond: bool, name: str, message: str) -> None:
+        if not cond:
+            raise ConfigError(f"{prefix}.{name}", message)
+
+    check(c.mode in MODES, "mode", f"one of {', '.join(repr(m) for m in MODES)}, got {c.mode!r}")
+    check(isinstance(c.detector, str) and c.detector in DETECTORS, "detector",
+          f"unknown NFL detector {c.detector!r}; known: {', '.join(DETECTORS.names())}")
+    check(_is_int(c.nr) and c.nr >= 0, "nr", f"must be an integer >= 0, got {c.nr!r}")
+    check(_is_int(c.c) and c.c >= 1, "c", f"must be an integer >= 1, got {c.c!r}")
+    check(isinstance(c.epsilon, (int, float)) and not isinstance(c.epsilon, bool)
+          and math.isfinite(c.epsilon) and c.epsilon > 0, "epsilon",
+          f"must be a finite number > 0, got {c.epsilon!r}")
+    check(_is_int(c.r_prime) and c.r_prime >= 0, "r_prime", f"must be an integer >= 0, got {c.r_prime!r}")
+    check(c.recovery in RECOVERY_STRATEGIES, "recovery",
+          f"one of {', '.join(repr(s) for s in RECOVERY_STRATEGIES)}, got {c.recovery!r}")
+    check(_is_int(c.delta_stop_rounds) and c.delta_stop_rounds >= 0, "delta_stop_rounds",
+          f"must be an integer >= 0 (0 disables the stop rule), got {c.delta_stop_rounds!r}")

@@ -1,0 +1,267 @@
+"""The server's NFL detectors: deterministic state machines over plain, serializable state (SPEC §6).
+
+``state, events = step(state, observation, config)``, shaped like :mod:`fedcore.rounds`: after each aggregated
+round the server feeds it an :class:`NflObservation` (the round's median of the clients' β̂ᵢ and LINDT's Δ) and
+acts on the :class:`NflEvent` s it returns (log them, put ``state.recovery`` -- the recovery flag -- into the next
+round's tasks). It reads no clock and draws no randomness, and :class:`NflState` round-trips exactly through
+``to_dict``/``from_dict`` (JSON-safe), so a restarted server carries on from its saved state. ``step`` updates
+``state`` in place and returns it, as :func:`fedcore.rounds.step` does.
+
+Detectors plug in by name (:data:`DETECTORS`, :func:`register_detector`); ``config.detector`` picks one. A
+detector is a function ``(state, observation, config) -> events`` that runs only in mode ``detect-and-recover``;
+the bookkeeping common to all of them (the β̂ window and history) is done by :func:`step`.
+
+Common rules, every mode:
+
+- β̂ (FL-GUARD Eq. 4–5): the observation's ``beta_hat`` is the round's median β̂^r of the clients' β̂ᵢ (Eq. 4,
+  computed by the shell); the state keeps the last ``c`` medians and ``state.beta_hat`` is their mean (Eq. 5),
+  over fewer medians in the first rounds (SPEC §6). ``state.delta`` is the latest Δ observed.
+- A missing value -- ``None`` (no client reported a β̂ᵢ; no w_div this round) or a non-finite one -- is not an
+  observation: it enters neither the window nor any count, and it neither extends nor breaks a run of
+  consecutive rounds (c, ``delta_stop_rounds``): those count rounds *with* an observation. The round is still
+  recorded in the history, with ``None``.
+- A round at or below ``state.last_round`` (a round re-run after a restart, an observation replayed after a crash
+  between ``step`` and the save) changes nothing and causes no event, so no round is ever counted twice.
+- Mode ``always-recover`` (FL-GUARD §4.3 "all-time recovery", LINDT's all-time mode): ``recovery`` is True from
+  :func:`init` on, no detection runs, no event is ever emitted. Mode ``off``: ``recovery`` stays False, no
+  detection, no event. In both, β̂, Δ and the history are still tracked so that operators can see them.
+
+FL-GUARD β̂ detector (``"beta_hat"``, FL-GUARD §4.1 "NFL Detection", Algorithm 1), per round with a median:
+
+- Not reported: a round whose running β̂ < 0 increments ``count`` (a count of rounds, not necessarily
+  consecutive); when ``count > nr`` -- at the (NR+1)-th negative round -- NFL is reported (``nfl.reported``) and
+  the recovery flag is set. Rounds with β̂ >= 0 do not touch the count.
+- Reported: a round with β̂ >= 0 increments ``consecutive_ok``, one with β̂ < 0 resets it to 0; at ``c`` the report
+  is cancelled (``nfl.cancelled``), ``count`` restarts from 0 and detection continues, so a second report needs
+  NR+1 new negative rounds. ``count`` does not move while reported.
+- Recovery stopping (FL-GUARD §5.1, "long-term"/"short-term" recovery): long-term keeps ``recovery`` True after a
+  cancel (and a later report re-reports with the flag already on); short-term clears it at the cancel
+  (``recovery.stopped`` right after ``nfl.cancelled``, same round) and a later report sets it again.
+
+LINDT Δ detector (``"delta"``, LINDT §3.4.1 and Algorithm 2 s6–s11, appendix C.7), per round with a Δ:
+
+- Δ > ε increments ``count`` (every such round, reported or not, as in Algorithm 2 s8–s9); when ``count > r_prime``
+  and the flag is off, NFL is reported and recovery starts (``nfl.reported``; LINDT has one flag for both).
+- Stop rule (C.7, "the system stops dual-model training (and degrades to FedAvg) after the value of Δ is observed
+  below ε in 10 consecutive rounds"): only with ``recovery = "short-term"`` and ``delta_stop_rounds > 0``. While
+  recovering, Δ < ε increments ``consecutive_ok`` and Δ >= ε resets it; at ``delta_stop_rounds`` the flag is
+  cleared: ``nfl.cancelled`` then ``recovery.stopped``. With long-term recovery (or ``delta_stop_rounds = 0``)
+  recovery never stops.
+- After a stop, LINDT says nothing more; Algorithm 2 never resets ``count``, so we do not either: ``count`` is
+  still above r′ and the next round with Δ > ε reports NFL again at once. (By LINDT's Theorem 1, a converging
+  process has Δ <= ε in every round past some r′, so a Δ > ε after the stop is read as the negative effects
+  returning; a flap needs at least ``delta_stop_rounds`` rounds below ε in between.)
+
+Event ``count``: for ``nfl.reported`` the detector's count (negative rounds / rounds with Δ > ε); for
+``nfl.cancelled`` and ``recovery.stopped`` the length of the run of consecutive rounds that ended the report.
+``value``: the running β̂ (beta_hat) or the round's Δ (delta) that triggered the transition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedcore.nfl.config import ALWAYS_RECOVER, DETECT_AND_RECOVER, SHORT_TERM, NflConfig
+from fedcore.registry import Registry
+
+REPORTED = "nfl.reported"
+CANCELLED = "nfl.cancelled"
+STOPPED = "recovery.stopped"
+EVENT_KINDS = (REPORTED, CANCELLED, STOPPED)
+
+
+@dataclass(frozen=True)
+class NflObservation:
+    """What the server knows once round ``round`` is aggregated.
+
+    ``beta_hat``: the median β̂^r of the β̂ᵢ reported by the round's clients (FL-GUARD Eq. 4), ``None`` when none
+    reported one. ``delta``: LINDT's Δ = w_div^r − ‖noise‖ (Eq. 7), ``None`` when w_div was not computed.
+    """
+
+    round: int
+    beta_hat: float | None = None
+    delta: float | None = None
+
+
+@dataclass(frozen=True)
+class NflEvent:
+    """A transition of the NFL state (``kind`` one of :data:`EVENT_KINDS`); see the module docstring."""
+
+    kind: str
+    round: int
+    value: float
+    count: int
+    detector: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class NflRecord:
+    """One observed round, for status and plots: the round's median β̂^r, the running β̂ after it, its Δ, and
+    the flags after the step (``recovery`` is the flag the next round's tasks carry)."""
+
+    round: int
+    median: float | None
+    beta_hat: float | None
+    delta: float | None
+    reported: bool
+    recovery: bool
+
+
+@dataclass
+class NflState:
+    """The detector's state; plain data, JSON-safe through :meth:`to_dict` / :meth:`from_dict`.
+
+    ``count``: negative-round count (beta_hat) or Δ > ε count (delta). ``consecutive_ok``: the current run of
+    rounds toward a cancel (β̂ >= 0) or a stop (Δ < ε). ``medians``: the last c round medians; ``beta_hat`` their
+    mean (None before the first). ``delta``: the latest Δ. ``last_round``: the last round observed (0: none).
+    ``reported_round`` / ``cancelled_round`` / ``stopped_round``: the rounds of the latest such transition.
+    """
+
+    detector: str = "beta_hat"
+    mode: str = DETECT_AND_RECOVER
+    reported: bool = False
+    recovery: bool = False
+    count: int = 0
+    consecutive_ok: int = 0
+    medians: list[float] = field(default_factory=list)
+    beta_hat: float | None = None
+    delta: float | None = None
+    last_round: int = 0
+    reported_round: int | None = None
+    cancelled_round: int | None = None
+    stopped_round: int | None = None
+    history: list[NflRecord] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NflState:
+        """The state from :meth:`to_dict`'s output (after a JSON round trip too); :class:`ValueError` naming an
+        unknown field."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for k in d:
+            if k not in known:
+                raise ValueError(f"{k}: unknown NFL state field; known: {', '.join(sorted(known))}")
+        d = dict(d)
+        d["medians"] = list(d.get("medians", []))
+        try:
+            d["history"] = [NflRecord(**h) for h in d.get("history", [])]
+        except TypeError as e:
+            raise ValueError(f"history: {e}") from None
+        return cls(**d)
+
+
+# A detector: updates ``state`` in place for one observation (already cleaned: non-finite values are None, and
+# the β̂ window is updated) and returns the events. Runs only in mode detect-and-recover.
+DetectorStep = Callable[[NflState, NflObservation, NflConfig], list[NflEvent]]
+
+DETECTORS: Registry[DetectorStep] = Registry("NFL detector", ValueError)
+
+
+def register_detector(name: str, detector: DetectorStep, *, replace: bool = False) -> None:
+    """Make ``detector`` selectable as ``nfl.detector = name``."""
+    DETECTORS.add(name, detector, replace=replace)
+
+
+def detector_names() -> list[str]:
+    return DETECTORS.names()
+
+
+def init(config: NflConfig) -> NflState:
+    """The state before round 1 (``config`` is validated first): ``recovery`` is True from the start only in mode
+    ``always-recover``."""
+    config.validate()
+    return NflState(detector=config.detector, mode=config.mode, recovery=config.mode == ALWAYS_RECOVER)
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def step(state: NflState, obs: NflObservation, config: NflConfig) -> tuple[NflState, list[NflEvent]]:
+    """Apply one round's observation to ``state`` (updated in place and returned) and list the events it caused.
+
+    Raises :class:`ValueError` when ``state`` was made for another detector or mode than ``config`` names (a
+    server resumed with a changed ``[nfl]`` section: start again from :func:`init`).
+    """
+    s = state
+    if s.detector != config.detector or s.mode != config.mode:
+        raise ValueError(f"nfl: the NFL state is for detector {s.detector!r} in mode {s.mode!r}, the configuration "
+                         f"asks for detector {config.detector!r} in mode {config.mode!r}; start from init(config)")
+    if obs.round <= s.last_round:
+        return s, []
+    obs = NflObservation(obs.round, _finite(obs.beta_hat), _finite(obs.delta))
+    s.last_round = obs.round
+    if obs.beta_hat is not None:
+        s.medians.append(obs.beta_hat)
+        del s.medians[:-config.c]
+        s.beta_hat = math.fsum(s.medians) / len(s.medians)  # FL-GUARD Eq. 5 over the medians we have
+    if obs.delta is not None:
+        s.delta = obs.delta
+    events = DETECTORS.get(config.detector)(s, obs, config) if config.mode == DETECT_AND_RECOVER else []
+    s.history.append(NflRecord(obs.round, obs.beta_hat, s.beta_hat, obs.delta, s.reported, s.recovery))
+    return s, events
+
+
+@DETECTORS.register("beta_hat")
+def beta_hat_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
+    """FL-GUARD §4.1 "NFL Detection" (1)–(2) over the running β̂ (Eq. 5); see the module docstring."""
+    if obs.beta_hat is None or s.beta_hat is None:
+        return []
+    r, b = obs.round, s.beta_hat
+    if not s.reported:
+        if b < 0:
+            s.count += 1
+            if s.count > config.nr:
+                s.reported = s.recovery = True
+                s.consecutive_ok, s.reported_round = 0, r
+                return [NflEvent(REPORTED, r, b, s.count, "beta_hat")]
+        return []
+    if b < 0:
+        s.consecutive_ok = 0
+        return []
+    s.consecutive_ok += 1
+    if s.consecutive_ok < config.c:
+        return []
+    ok = s.consecutive_ok
+    events = [NflEvent(CANCELLED, r, b, ok, "beta_hat")]
+    s.reported, s.count, s.consecutive_ok, s.cancelled_round = False, 0, 0, r
+    if config.recovery == SHORT_TERM and s.recovery:
+        s.recovery, s.stopped_round = False, r
+        events.append(NflEvent(STOPPED, r, b, ok, "beta_hat"))
+    return events
+
+
+@DETECTORS.register("delta")
+def delta_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
+    """LINDT Algorithm 2 s8–s11 (count Δ > ε, report at count > r′) and appendix C.7's stop rule."""
+    d = obs.delta
+    if d is None:
+        return []
+    r, eps = obs.round, config.epsilon
+    if d > eps:
+        s.count += 1
+        s.consecutive_ok = 0
+        if s.count > config.r_prime and not s.recovery:
+            s.reported = s.recovery = True
+            s.reported_round = r
+            return [NflEvent(REPORTED, r, d, s.count, "delta")]
+        return []
+    if d == eps or not s.recovery:
+        s.consecutive_ok = 0
+        return []
+    s.consecutive_ok += 1
+    if config.recovery != SHORT_TERM or config.delta_stop_rounds == 0 or s.consecutive_ok < config.delta_stop_rounds:
+        return []
+    ok = s.consecutive_ok
+    s.reported = s.recovery = False
+    s.consecutive_ok, s.cancelled_round, s.stopped_round = 0, r, r
+    return [NflEvent(CANCELLED, r, d, ok, "delta"), NflEvent(STOPPED, r, d, ok, "delta")]

@@ -1,0 +1,550 @@
+"""Client trainers behind one seam: pure functions over an explicit, persistable :class:`TrainerState`.
+
+The shape follows optax's ``init``/``update`` pair: a :class:`Trainer` is a record of functions and keeps nothing
+in attributes; everything it carries from one round to the next is in the :class:`TrainerState` it returns, which
+the client saves in its state dir (:func:`save_trainer_state`, a fedguard tensor file, no pickle) and loads after a
+restart (:func:`load_trainer_state`).
+
+Trainers (:data:`TRAINERS`, built with :func:`make_trainer`):
+
+- ``"vanilla"``: local SGD (FedProx with ``prox_mu > 0``), i.e. :func:`fedcore.train.train_local` itself. It has
+  no recovery method: ``recovery=True`` changes nothing and its state never changes.
+- ``"flguard"``: FL-GUARD model adaptation (FL-GUARD §4.2, Eq. 6–9). Without recovery it *is* ``train_local``
+  (the same call); with recovery the client also trains an adapted model vᵢ in parallel with its copy of the
+  global model w_iʳ, on the same batches, while w_iʳ's trajectory stays bit-identical to ``train_local``'s for the
+  same seeds, so the update sent to the server does not change (FL-GUARD §4.3: "activating the model adaptation
+  will not change the results of learning the global model").
+
+Also here: FL-GUARD's estimated performance gain β̂ᵢ (Eq. 3, :func:`beta_hat`) on the round's first training batch
+(:func:`first_batch`), and the adaptation weight λ (Eq. 6–8, :func:`lambda_weight`).
+
+A client's round (see the module's users for the exact calls)::
+
+    state = load_trainer_state(state_dir) or trainer.init(model)   # model holds the received w^{r-1}
+    inf = trainer.inference_state(state, received)                 # None: infer with the received model
+    beta = beta_hat(adapted_or_received_model, first_batch(x, y, batch_size, seeds.batches), P_i)
+    result, state = trainer.train(model, state, x, y, config, seeds, recovery=flag)
+    save_trainer_state(state_dir, state)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from fedcore.config import ConfigError, TrainingConfig, from_dict
+from fedcore.registry import Registry
+from fedcore.seeds import RoundSeeds, derive_seed
+from fedcore.serialization import SerializationError, load_state, save_state
+from fedcore.train import (
+    Batches,
+    TrainResult,
+    deterministic_dropout,
+    evaluate,
+    model_device,
+    shuffled_batches,
+    train_local,
+)
+
+# Seed purpose of the adapted model's dropout masks: derive_seed(seeds.dropout, ADAPT_DROPOUT).
+ADAPT_DROPOUT = "adapt_dropout"
+TRAINER_STATE_FILE = "trainer_state.fgt"
+_STATE_FORMAT = "fedguard.trainer_state"
+_STATE_VERSION = 1
+# Guard of Eq. 7's denominator: a zero gradient gives grad_div = 0 (σ = 1/2) instead of 0/0.
+_GRAD_NORM_EPS = 1e-12
+
+
+# ---- state ----
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What a trainer carries across rounds. Never mutated: trainers return a new one.
+
+    - ``adapted``: FL-GUARD's adapted model vᵢ (a CPU state dict), ``None`` until adaptation first runs; kept when
+      adaptation stops (FL-GUARD §5.1: "the adapted models are kept by the clients for local inference").
+    - ``active``: whether the last trained round adapted (a record; the ``recovery`` argument of ``train`` decides).
+    - ``frozen_keys``: state-dict keys of vᵢ's frozen lower layers (partial-layer adaptation, ``l_fb``); at
+      inference they are taken from the received global model.
+    - ``rounds_adapted``: rounds in which vᵢ was trained.
+    - ``metrics``: the last round's adaptation statistics (``adapt_loss``, ``adapt_ce``, ``lambda_mean``,
+      ``lambda_min``, ``lambda_max``, ``adapt_steps``, ``adapt_diverged``), empty for a round without adaptation.
+    """
+
+    adapted: dict[str, torch.Tensor] | None = None
+    active: bool = False
+    frozen_keys: tuple[str, ...] = ()
+    rounds_adapted: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class TrainerStateError(ValueError):
+    """A saved trainer state that cannot be used (corrupt file, or an adapted model of another architecture)."""
+
+
+def save_trainer_state(state_dir: str | os.PathLike[str], state: TrainerState) -> Path:
+    """Write ``state`` to ``state_dir/trainer_state.fgt`` atomically (fedguard tensor file, no pickle).
+
+    The tensors are vᵢ's (none when there is no adapted model); the rest is JSON in the file header's extra."""
+    path = Path(state_dir) / TRAINER_STATE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    extra: dict[str, object] = {
+        "format": _STATE_FORMAT,
+        "version": _STATE_VERSION,
+        "has_adapted": state.adapted is not None,
+        "active": state.active,
+        "frozen_keys": list(state.frozen_keys),
+        "rounds_adapted": state.rounds_adapted,
+        "metrics": {k: float(v) for k, v in state.metrics.items()},
+    }
+    tensors = {k: v.detach().cpu() for k, v in (state.adapted or {}).items()}
+    save_state(path, tensors, extra)
+    return path
+
+
+def load_trainer_state(state_dir: str | os.PathLike[str]) -> TrainerState | None:
+    """The state saved in ``state_dir``, or ``None`` when there is none (the caller then uses ``trainer.init``).
+
+    A file that exists but cannot be read raises :class:`TrainerStateError` naming the file and the reason: it holds
+    the client's adapted model, which silently starting over would throw away (and silently change the model the
+    client infers with); the caller decides whether to move it aside and start from ``init``.
+    """
+    path = Path(state_dir) / TRAINER_STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        tensors, extra = load_state(path)
+    except (SerializationError, OSError, ValueError, KeyError) as e:
+        raise TrainerStateError(f"{path}: unreadable trainer state ({e})") from None
+    if extra.get("format") != _STATE_FORMAT or extra.get("version") != _STATE_VERSION:
+        raise TrainerStateError(f"{path}: not a version-{_STATE_VERSION} trainer state "
+                                f"(format {extra.get('format')!r}, version {extra.get('version')!r})")
+    has_adapted, active = extra.get("has_adapted"), extra.get("active")
+    frozen, rounds, metrics = extra.get("frozen_keys"), extra.get("rounds_adapted"), extra.get("metrics")
+    if not (isinstance(has_adapted, bool) and isinstance(active, bool) and isinstance(rounds, int)
+            and isinstance(frozen, list) and all(isinstance(k, str) for k in frozen)
+            and isinstance(metrics, dict) and all(isinstance(v, (int, float)) for v in metrics.values())):
+        raise TrainerStateError(f"{path}: corrupt trainer state metadata")
+    if not has_adapted and tensors:
+        raise TrainerStateError(f"{path}: corrupt trainer state (tensors without an adapted model)")
+    # load_state's tensors view one shared buffer: give each its own storage.
+    adapted = {k: v.clone() for k, v in tensors.items()} if has_adapted else None
+    return TrainerState(adapted=adapted, active=active, frozen_keys=tuple(frozen), rounds_adapted=rounds,
+                        metrics={str(k): float(v) for k, v in metrics.items()})
+
+
+def _check_adapted_matches(adapted: Mapping[str, torch.Tensor], model: nn.Module) -> None:
+    ref = model.state_dict()
+    if list(adapted) != list(ref):
+        missing, unexpected = sorted(set(ref) - set(adapted)), sorted(set(adapted) - set(ref))
+        raise TrainerStateError(f"the saved adapted model does not fit this model: missing {missing[:5]}, "
+                                f"unexpected {unexpected[:5]} (delete {TRAINER_STATE_FILE} to start over)")
+    for k, t in ref.items():
+        if tuple(adapted[k].shape) != tuple(t.shape) or adapted[k].dtype != t.dtype:
+            raise TrainerStateError(f"the saved adapted model does not fit this model: {k} is "
+                                    f"{adapted[k].dtype}{tuple(adapted[k].shape)}, the model has "
+                                    f"{t.dtype}{tuple(t.shape)} (delete {TRAINER_STATE_FILE} to start over)")
+
+
+# ---- the trainer seam ----
+
+class TrainFn(Protocol):
+    def __call__(self, model: nn.Module, state: TrainerState, x: torch.Tensor, y: torch.Tensor,
+                 config: TrainingConfig, seeds: RoundSeeds, *, recovery: bool, learning_rate: float | None = None,
+                 epochs: int | None = None, batches: Batches | None = None) -> tuple[TrainResult, TrainerState]:
+        """Train ``model`` (the client's copy of the global model, in place) for one round."""
+        ...
+
+
+class InferenceFn(Protocol):
+    def __call__(self, state: TrainerState, received: Mapping[str, torch.Tensor] | None = None) -> dict[
+        str, torch.Tensor
+    ] | None:
+        """The weights to infer with, or ``None`` for the received global model."""
+        ...
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A client trainer as a record of pure functions (optax-style ``init``/``update``), no hidden attributes.
+
+    - ``init(model) -> TrainerState``: the state of a client that has never trained (``model`` = the global model).
+    - ``train(model, state, x, y, config, seeds, *, recovery, learning_rate=None, epochs=None, batches=None)
+      -> (TrainResult, new state)``: one round. ``model`` is trained in place with the vanilla objective and is
+      what the client sends; arguments as :func:`fedcore.train.train_local`'s (batches from ``batches(epoch)``
+      when given, else a shuffle seeded with ``seeds.batches``; dropout from ``seeds.dropout``). ``recovery``
+      says whether this round runs the trainer's recovery method (the caller's decision: system flag or
+      individual measure, never for an opt-out client).
+    - ``inference_state(state, received=None)``: the weights the client infers with (and computes β̂ᵢ with):
+      the adapted model when one exists (during adaptation and after it stopped), else ``None`` meaning "the
+      received global model".
+    """
+
+    name: str
+    init: Callable[[nn.Module], TrainerState]
+    train: TrainFn
+    inference_state: InferenceFn
+
+
+def inference_state(state: TrainerState, received: Mapping[str, torch.Tensor] | None = None) -> dict[
+    str, torch.Tensor
+] | None:
+    """vᵢ when the client has one (FL-GUARD §4.3: "once model adaptation is activated, each client utilizes the
+    adapted model (instead of the learned global model) for its local inference"), else ``None``.
+
+    With ``received`` (the global model of this round), vᵢ's frozen lower layers (``state.frozen_keys``) are taken
+    from it: frozen layers follow the global model. Returns a new dict; the state is not modified."""
+    if state.adapted is None:
+        return None
+    out = dict(state.adapted)
+    if received is not None:
+        for k in state.frozen_keys:
+            out[k] = received[k]
+    return out
+
+
+def _vanilla_init(model: nn.Module) -> TrainerState:
+    return TrainerState()
+
+
+def _vanilla_train(model: nn.Module, state: TrainerState, x: torch.Tensor, y: torch.Tensor, config: TrainingConfig,
+                   seeds: RoundSeeds, *, recovery: bool, learning_rate: float | None = None,
+                   epochs: int | None = None, batches: Batches | None = None) -> tuple[TrainResult, TrainerState]:
+    res = train_local(model, x, y, config, learning_rate=learning_rate, seed=seeds.batches, epochs=epochs,
+                      batches=batches, dropout_seed=seeds.dropout)
+    return res, state
+
+
+def vanilla_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
+    """Plain local SGD / FedProx (:func:`fedcore.train.train_local`); no recovery method, state never changes."""
+    if options:
+        raise ConfigError("trainer", f"'vanilla' takes no options, got {sorted(options)}")
+    return Trainer("vanilla", _vanilla_init, _vanilla_train, inference_state)
+
+
+# ---- FL-GUARD model adaptation ----
+
+@dataclass(frozen=True)
+class FlGuardConfig:
+    """FL-GUARD adaptation options. ``l_fb``: the number of lowest parameterised layers of vᵢ that are frozen and
+    follow the global model (partial-layer adaptation, FL-GUARD §5.4, Table 10's L_fb); 0 adapts every layer."""
+
+    l_fb: int = 0
+
+    def validate(self, prefix: str = "") -> FlGuardConfig:
+        if isinstance(self.l_fb, bool) or not isinstance(self.l_fb, int) or self.l_fb < 0:
+            raise ConfigError(f"{prefix}l_fb", f"must be an integer >= 0, got {self.l_fb!r}")
+        return self
+
+
+def parameterised_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's parameterised layers, lowest first: every module that owns parameters itself (not through a
+    child: ``Linear``, ``Conv2d``, ``BatchNorm2d``, ``Embedding``, ``LSTM`` ...), in ``named_modules()`` order,
+    i.e. registration order, which is input-to-output order for ``nn.Sequential`` and the zoo's ``BlockModel``.
+    A module with parameters of its own *and* children counts as one layer for its own parameters. A shared
+    module counts once."""
+    return [(name, m) for name, m in model.named_modules() if next(m.parameters(recurse=False), None) is not None]
+
+
+def frozen_layer_keys(model: nn.Module, l_fb: int) -> tuple[str, ...]:
+    """State-dict keys (parameters and persistent buffers) of the lowest ``l_fb`` parameterised layers.
+
+    :class:`ConfigError` on ``l_fb`` unless at least one parameterised layer is left to adapt."""
+    FlGuardConfig(l_fb).validate()
+    layers = parameterised_layers(model)
+    if l_fb and l_fb >= len(layers):
+        raise ConfigError("l_fb", f"must be < the model's {len(layers)} parameterised layers (at least one layer "
+                                  f"must adapt), got {l_fb}")
+    in_state = set(model.state_dict())
+    keys: list[str] = []
+    for name, m in layers[:l_fb]:
+        prefix = f"{name}." if name else ""
+        own = [n for n, _ in m.named_parameters(recurse=False)] + [n for n, _ in m.named_buffers(recurse=False)]
+        keys.extend(prefix + n for n in own if prefix + n in in_state)
+    return tuple(keys)
+
+
+def _lambda_from(loss_v: torch.Tensor, loss_w: torch.Tensor, diffs: Sequence[torch.Tensor],
+                 grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """λ of FL-GUARD Eq. 6–8 as a 0-d tensor (no synchronisation with the device):
+
+    loss_div = ℓ(vᵢ) − ℓ(w_iʳ) (Eq. 6); grad_div = ⟨vᵢ − w_iʳ, ∇_v ℓ(vᵢ)⟩ / ‖∇_v ℓ(vᵢ)‖ (Eq. 7);
+    λ = σ(loss_div) · σ(grad_div) (Eq. 8). ``diffs`` are vᵢ − w_iʳ and ``grads`` ∇_v ℓ(vᵢ), tensor by tensor."""
+    loss_div = loss_v.detach().float() - loss_w.detach().float()
+    if diffs:
+        dot = torch.stack([torch.dot(d.reshape(-1), g.reshape(-1)).float()
+                           for d, g in zip(diffs, grads, strict=True)]).sum()
+        gnorm = torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(list(grads))]))
+        grad_div = dot / gnorm.clamp_min(_GRAD_NORM_EPS)
+    else:
+        grad_div = torch.zeros_like(loss_div)
+    return torch.sigmoid(loss_div) * torch.sigmoid(grad_div)
+
+
+def lambda_weight(v_model: nn.Module, w_model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
+                  dropout_seed: int = 0) -> float:
+    """FL-GUARD's adaptation weight λ (Eq. 6–8) of ``v_model`` against ``w_model`` on the batch (xb, yb), with the
+    cross-entropy ℓ, over the parameters of ``v_model`` that require a gradient (and ``w_model``'s of the same
+    names). The models run in their current mode (dropout masks, if in training mode, from generators seeded with
+    ``dropout_seed``); no parameter changes and no gradient is left behind. The trainer computes the same
+    quantity inline, from the losses of its training forward passes."""
+    names = [n for n, p in v_model.named_parameters() if p.requires_grad]
+    v_params = dict(v_model.named_parameters())
+    w_params = dict(w_model.named_parameters())
+    with deterministic_dropout(v_model, dropout_seed), deterministic_dropout(w_model, dropout_seed):
+        loss_v = F.cross_entropy(v_model(xb), yb)
+        with torch.no_grad():
+            loss_w = F.cross_entropy(w_model(xb), yb)
+    params = [v_params[n] for n in names]
+    grads = torch.autograd.grad(loss_v, params, allow_unused=True)
+    with torch.no_grad():
+        gs = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+        diffs = [v_params[n] - w_params[n] for n in names]
+        return float(_lambda_from(loss_v, loss_w, diffs, gs))
+
+
+@dataclass
+class _Adapter:
+    """vᵢ and what one round of its training needs (built per round, not kept)."""
+
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    params: list[torch.Tensor]  # vᵢ's trainable parameters
+    anchors: list[torch.Tensor]  # w_iʳ's parameters of the same names (the live global copy)
+    frozen: list[tuple[torch.Tensor, torch.Tensor]]  # (vᵢ tensor, w_iʳ tensor) of the frozen layers
+    clip: float
+    total_la: torch.Tensor
+    total_ce: torch.Tensor
+    lam_sum: torch.Tensor
+    lam_min: torch.Tensor
+    lam_max: torch.Tensor
+    diffs: list[torch.Tensor] = field(default_factory=list)  # scratch for vᵢ − w_iʳ, allocated once per round
+
+    def sync_frozen(self) -> None:
+        with torch.no_grad():
+            for tv, tw in self.frozen:
+                tv.copy_(tw)
+
+    def step(self, xb: torch.Tensor, yb: torch.Tensor, loss_w: torch.Tensor) -> None:
+        """One adaptation step on the batch the global copy has just computed ``loss_w`` = ℓ(w_iʳ, b) on, with
+        w_iʳ's weights as they are before its own step on that batch (Eq. 6–9)."""
+        self.sync_frozen()
+        self.opt.zero_grad(set_to_none=True)
+        loss_v = F.cross_entropy(self.model(xb), yb)
+        loss_v.backward()  # type: ignore[no-untyped-call]
+        with torch.no_grad():
+            for p in self.params:
+                if p.grad is None:  # a parameter the loss does not reach: ∇ℓ = 0
+                    p.grad = torch.zeros_like(p)
+            grads = [p.grad for p in self.params if p.grad is not None]
+            if not self.diffs:
+                self.diffs = [torch.empty_like(p) for p in self.params]
+            diffs = self.diffs
+            torch._foreach_copy_(diffs, self.params)
+            torch._foreach_sub_(diffs, self.anchors)
+            lam = _lambda_from(loss_v, loss_w, diffs, grads)
+            sq = torch.stack([n.float() for n in torch._foreach_norm(diffs)]).pow(2).sum()
+            # ∇_v L_a = ∇_v ℓ(vᵢ) + 2λ(vᵢ − w_iʳ), λ and w_iʳ constants (Eq. 9): added to the gradient in place
+            # rather than by a second backward pass.
+            torch._foreach_mul_(diffs, 2.0 * lam)
+            torch._foreach_add_(grads, diffs)
+            self.total_la += (loss_v.detach().float() + lam * sq).double()
+            self.total_ce += loss_v.detach().double()
+            self.lam_sum += lam.double()
+            self.lam_min = torch.minimum(self.lam_min, lam.double())
+            self.lam_max = torch.maximum(self.lam_max, lam.double())
+        if self.clip > 0:
+            nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.opt.step()
+
+
+def _make_adapter(model: nn.Module, state: TrainerState, frozen_keys: tuple[str, ...], lr: float,
+                  config: TrainingConfig) -> _Adapter:
+    v = copy.deepcopy(model)  # same architecture and device; equals the received global model
+    if state.adapted is not None:
+        _check_adapted_matches(state.adapted, model)
+        v.load_state_dict(state.adapted)
+    frozen_set = set(frozen_keys)
+    w_named = dict(model.named_parameters())
+    w_tensors = {**dict(model.named_buffers()), **w_named}
+    params: list[torch.Tensor] = []
+    anchors: list[torch.Tensor] = []
+    for n, p in v.named_parameters():
+        p.grad = None
+        if n in frozen_set:
+            p.requires_grad_(False)
+        else:
+            params.append(p)
+            anchors.append(w_named[n])
+    v_tensors = {**dict(v.named_buffers()), **dict(v.named_parameters())}
+    frozen = [(v_tensors[k], w_tensors[k]) for k in frozen_keys]
+    opt = torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    dev = model_device(model)
+
+    def zero() -> torch.Tensor:
+        return torch.zeros((), dtype=torch.float64, device=dev)
+
+    return _Adapter(v, opt, params, anchors, frozen, config.grad_clip_norm, zero(), zero(), zero(),
+                    torch.full((), math.inf, dtype=torch.float64, device=dev),
+                    torch.full((), -math.inf, dtype=torch.float64, device=dev))
+
+
+def _train_with_adaptation(model: nn.Module, adapter: _Adapter, x: torch.Tensor, y: torch.Tensor,
+                           config: TrainingConfig, lr: float, seeds: RoundSeeds, epochs: int | None,
+                           batches: Batches | None) -> tuple[TrainResult, int]:
+    """:func:`fedcore.train.train_local`'s loop for the global copy, op for op (so its trajectory is
+    bit-identical for the same seeds), with one adaptation step of vᵢ on each batch between the global copy's
+    backward pass and its optimiser step. vᵢ's dropout masks come from their own generator."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    anchor = [p.detach().clone() for p in model.parameters()] if config.prox_mu > 0 else []
+    source = batches or shuffled_batches(x, y, config.batch_size, seeds.batches)
+    n_epochs = config.local_epochs if epochs is None else epochs
+    dev = model_device(model)
+    model.train()
+    adapter.model.train()
+    total = torch.zeros((), dtype=torch.float64, device=dev)
+    steps, samples = 0, 0
+    with deterministic_dropout(model, seeds.dropout), \
+            deterministic_dropout(adapter.model, derive_seed(seeds.dropout, ADAPT_DROPOUT)):
+        for e in range(n_epochs):
+            for xb_, yb_ in source(e):
+                xb, yb = xb_.to(dev, non_blocking=True), yb_.to(dev, non_blocking=True)
+                opt.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(xb), yb)
+                ce_w = loss
+                if anchor:
+                    prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor, strict=True))
+                    loss = loss + 0.5 * config.prox_mu * prox
+                loss.backward()  # type: ignore[no-untyped-call]
+                adapter.step(xb, yb, ce_w)  # reads w_iʳ before its step; touches none of its tensors
+                if config.grad_clip_norm > 0:
+                    nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
+                opt.step()
+                total += loss.detach()
+                steps += 1
+                samples += len(yb)
+    adapter.sync_frozen()  # frozen layers end equal to the trained global copy's
+    mean_loss = float(total) / max(steps, 1)
+    if steps and not math.isfinite(mean_loss):
+        raise FloatingPointError("local training diverged (non-finite loss); lower the learning rate")
+    return TrainResult(mean_loss, samples, steps), steps
+
+
+def flguard_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
+    """FL-GUARD model adaptation (FL-GUARD §4.2, Eq. 6–9; partial-layer adaptation §5.4). Options: see
+    :class:`FlGuardConfig` (``{"l_fb": 2}``).
+
+    Per round with ``recovery=True``: vᵢ starts from the saved adapted model, or, the first time, from the received
+    global model w^{r-1}. For every batch b of the round (the global copy's batches, same order):
+
+    1. the global copy w_iʳ takes its vanilla step exactly as in ``train_local`` (its forward, FedProx term,
+       backward, clip and SGD step are untouched, so the update sent to the server is the vanilla one);
+    2. between w_iʳ's backward pass and its step, vᵢ takes one step on L_a = ℓ(vᵢ, b) + λ‖vᵢ − w_iʳ‖² (Eq. 9)
+       with λ = σ(ℓ(vᵢ,b) − ℓ(w_iʳ,b)) · σ(⟨vᵢ − w_iʳ, ∇_v ℓ(vᵢ,b)⟩ / ‖∇_v ℓ(vᵢ,b)‖) (Eq. 6–8), computed without
+       gradient. w_iʳ is the global copy *being trained* ("w_iʳ is initialized by w^{r-1} in each round", §4.2),
+       read at the current step (before its update on b), detached; ℓ(w_iʳ, b) is the cross-entropy of its own
+       training forward pass (no extra forward, as §4.1 suggests for EV). vᵢ's optimiser is SGD with the round's
+       learning rate, the same momentum and weight decay (fresh each round, like the global copy's), and the same
+       gradient-norm clip applied to ∇L_a; vᵢ has no FedProx term.
+    3. Partial-layer adaptation: vᵢ's lowest ``l_fb`` parameterised layers (:func:`parameterised_layers`) are
+       frozen: not trained (``requires_grad`` off, so the backward pass stops above them) and copied from w_iʳ
+       before each step and at the end of the round; at inference they come from the received model.
+
+    vᵢ's dropout masks come from a generator seeded with ``derive_seed(seeds.dropout, "adapt_dropout")``, never from
+    torch's global RNG. If vᵢ's loss becomes non-finite the round's adaptation is discarded (vᵢ keeps its previous
+    weights, ``metrics["adapt_diverged"] = 1``); the global copy's result is unaffected.
+
+    With ``recovery=False`` the round is exactly ``train_local`` (the same call) and vᵢ, if any, is kept unchanged.
+    """
+    cfg = from_dict(FlGuardConfig, dict(options or {}), "").validate()
+
+    def init(model: nn.Module) -> TrainerState:
+        return TrainerState(frozen_keys=frozen_layer_keys(model, cfg.l_fb))
+
+    def train(model: nn.Module, state: TrainerState, x: torch.Tensor, y: torch.Tensor, config: TrainingConfig,
+              seeds: RoundSeeds, *, recovery: bool, learning_rate: float | None = None, epochs: int | None = None,
+              batches: Batches | None = None) -> tuple[TrainResult, TrainerState]:
+        frozen_keys = frozen_layer_keys(model, cfg.l_fb)
+        if not recovery:
+            res = train_local(model, x, y, config, learning_rate=learning_rate, seed=seeds.batches, epochs=epochs,
+                              batches=batches, dropout_seed=seeds.dropout)
+            return res, dataclasses.replace(state, active=False, frozen_keys=frozen_keys, metrics={})
+        lr = config.learning_rate if learning_rate is None else learning_rate
+        adapter = _make_adapter(model, state, frozen_keys, lr, config)
+        before = state.adapted
+        if before is None:
+            before = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        res, steps = _train_with_adaptation(model, adapter, x, y, config, lr, seeds, epochs, batches)
+        n = max(steps, 1)
+        la, ce = float(adapter.total_la) / n, float(adapter.total_ce) / n
+        diverged = steps > 0 and not (math.isfinite(la) and math.isfinite(ce))
+        metrics = {"adapt_loss": la, "adapt_ce": ce, "lambda_mean": float(adapter.lam_sum) / n,
+                   "lambda_min": float(adapter.lam_min) if steps else math.nan,
+                   "lambda_max": float(adapter.lam_max) if steps else math.nan,
+                   "adapt_steps": float(steps), "adapt_diverged": 1.0 if diverged else 0.0}
+        adapted = before if diverged else {k: v.detach().to("cpu", copy=True)
+                                           for k, v in adapter.model.state_dict().items()}
+        return res, TrainerState(adapted=adapted, active=True, frozen_keys=frozen_keys,
+                                 rounds_adapted=state.rounds_adapted + 1, metrics=metrics)
+
+    return Trainer("flguard", init, train, inference_state)
+
+
+def _noop_train(model: nn.Module, state: TrainerState, x: torch.Tensor, y: torch.Tensor, config: TrainingConfig,
+                seeds: RoundSeeds, *, recovery: bool, learning_rate: float | None = None,
+                epochs: int | None = None, batches: Batches | None = None) -> tuple[TrainResult, TrainerState]:
+    return TrainResult(0.0, 0, 0), state
+
+
+def noop_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
+    """Trains nothing: the client sends the received model back at once (benchmarks, protocol tests)."""
+    if options:
+        raise ConfigError("trainer", f"'noop' takes no options, got {sorted(options)}")
+    return Trainer("noop", _vanilla_init, _noop_train, inference_state)
+
+
+TrainerFactory = Callable[[Mapping[str, Any] | None], Trainer]
+
+TRAINERS: Registry[TrainerFactory] = Registry("trainer", ValueError)
+TRAINERS.add("vanilla", vanilla_trainer)
+TRAINERS.add("flguard", flguard_trainer)
+TRAINERS.add("noop", noop_trainer)
+
+
+def make_trainer(name: str, options: Mapping[str, Any] | None = None) -> Trainer:
+    """The registered trainer ``name`` built with ``options`` (errors name the unknown trainer or the field)."""
+    return TRAINERS.get(name)(options)
+
+
+# ---- β̂ᵢ (FL-GUARD Eq. 3) ----
+
+def first_batch(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first mini-batch b_iʳ that :func:`fedcore.train.train_local` (and the trainers) see with batch seed
+    ``seed`` and no ``batches`` override: the first batch of epoch 0 of ``shuffled_batches(x, y, batch_size,
+    seed)`` (a fresh generator, so drawing it does not disturb training). :class:`ValueError` on empty data."""
+    if len(y) == 0:
+        raise ValueError("first_batch: the client has no training data")
+    return next(iter(shuffled_batches(x, y, batch_size, seed)(0)))
+
+
+def beta_hat(inference_model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], private_accuracy: float) -> float:
+    """FL-GUARD's estimated performance gain, Eq. 3: β̂ᵢ = EV(model, b_iʳ) − Pᵢ.
+
+    EV is the accuracy (a fraction, like Pᵢ from :func:`fedcore.metrics.local_accuracy`) of ``inference_model``
+    on the round's first training batch b_iʳ (:func:`first_batch`), evaluated before training, in eval mode (no
+    dropout, so β̂ᵢ does not depend on masks). ``inference_model`` is the received global model w^{r-1}, or vᵢ
+    when the client has an adapted model (§4.3: "β̂ᵢ ← EV(vᵢ, b_iʳ) − Pᵢ")."""
+    xb, yb = batch
+    if len(yb) == 0:
+        raise ValueError("beta_hat: empty batch")
+    return evaluate(inference_model, xb, yb, batch_size=max(len(yb), 1)).accuracy - float(private_accuracy)
