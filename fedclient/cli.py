@@ -22,7 +22,8 @@ _FLAGS = {
     "token": (str, "join secret"),
     "state_dir": (str, "directory that keeps the client's identity across restarts"),
     "data_index": (int, "shard index of the server's dataset (simulation)"),
-    "trainer": (str, "sgd (default) or noop (return the model at once; benchmarks)"),
+    "trainer": (str, "flguard (default: local SGD, FL-GUARD adaptation while recovering), vanilla, or noop "
+                     "(return the model at once; benchmarks)"),
     "straggler_delay": (float, "simulated extra seconds before each upload"),
     "long_poll": (float, "longest server-side wait of one poll, seconds"),
     "give_up_after": (float, "stop after this many seconds without the server (0 = never)"),
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", help="model name or pkg.mod:factory (default: what the server announces)")
     ap.add_argument("--attack", choices=["none", "label_flip", "backdoor"],
                     help="simulation only: play a data-poisoning attacker (options: --set attack.KEY=VALUE)")
+    ap.add_argument("--opt-out", action="store_true", default=None,
+                    help="a vanilla holdout: never adapt, infer with the received model, still report beta_hat_i")
     ap.add_argument("--log-json", action="store_true", default=None)
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return ap
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(([_PATHS.get(flag, flag)], value))
     if args.attack is not None:
         overrides.append((["attack", "kind"], args.attack))
+    if args.opt_out is not None:
+        overrides.append((["opt_out"], True))
     if args.log_json is not None:
         overrides.append((["log_json"], True))
     if args.log_level is not None:

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import math
 import random
 import threading
 import time
@@ -26,13 +27,14 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from torch import nn
 
-from fedcore.attacks import AttackError, attacker_local_epochs, backdoor_batches, poison_client_data
+from fedclient.local_round import LocalRound, LocalRoundError
+from fedcore.attacks import AttackError, backdoor_batches, poison_client_data
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.data import ClientData, load_client_data
 from fedcore.log import get_logger
 from fedcore.metrics import load_private_model, save_private_model, train_private_model
 from fedcore.models import build_model, model_fingerprint, model_manifest
-from fedcore.seeds import GLOBAL_RNG_LOCK, private_seed, round_seeds
+from fedcore.seeds import GLOBAL_RNG_LOCK, private_seed
 from fedcore.serialization import (
     DEFAULT_CHUNK_BYTES,
     Reassembler,
@@ -41,7 +43,7 @@ from fedcore.serialization import (
     manifest_of,
     pack,
 )
-from fedcore.train import evaluate, resolve_device, train_local
+from fedcore.train import resolve_device
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
@@ -135,6 +137,8 @@ class FedClient:
         # P_i, the accuracy of this client's stand-alone model (None until trained or loaded).
         self.private_accuracy: float | None = None
         self._error: BaseException | None = None
+        # One round on the device: beta_hat_i, individual NFL measures, the trainer seam (no gRPC).
+        self.local = LocalRound(self.config, self.client_id, self.log)
 
     # ---- identity ----
 
@@ -277,7 +281,8 @@ class FedClient:
             req = pb.JoinRequest(client_id=self.client_id, token=self.config.token, model_fingerprint=fp,
                                  capabilities=pb.Capabilities(
                                      num_train_samples=self.data.num_train if self.data else 0,
-                                     attacker=self.config.attack.active, version=VERSION))
+                                     attacker=self.config.attack.active, opt_out=self.config.opt_out,
+                                     version=VERSION))
             reply: pb.JoinReply = self._unary(self._stub.Join, req, timeout=30.0)
             return reply
 
@@ -328,7 +333,11 @@ class FedClient:
         except AttackError as e:
             raise FedClientError(f"cannot run the {attack.kind} attack on this client's data: {e}") from None
         if self.config.private_epochs and self.private_accuracy is None:
-            self.private_accuracy = self._private_model(fed)
+            self._busy.set()  # heartbeats keep the session alive while the private model trains
+            try:
+                self.private_accuracy = self._private_model(fed)
+            finally:
+                self._busy.clear()
 
     def _model_factory(self, fed: FederationInfo) -> Callable[[], nn.Module]:
         spec = self._model_spec
@@ -418,35 +427,23 @@ class FedClient:
         assert self.model is not None and self.data is not None and self._fed is not None
         round_ = int(header.round)
         self.model.load_state_dict(state)
-        ev = evaluate(self.model, self.data.x_test, self.data.y_test)
-        metrics = {"test_accuracy": ev.accuracy, "test_loss": ev.loss}
-        if self.private_accuracy is not None:
-            metrics["private_accuracy"] = self.private_accuracy
         started = time.monotonic()
         self._busy.set()
         try:
-            if self.config.trainer == "noop":
-                train_loss = ev.loss if ev.loss == ev.loss else 0.0
-            else:
-                tc = self._fed.training
-                seeds = round_seeds(self._fed.seed, self.client_id, round_)
-                attack = self.config.attack
-                data = self._train_data or self.data
-                batches = backdoor_batches(data, attack, seeds.attack).epoch if attack.kind == "backdoor" else None
-                res = train_local(self.model, data.x_train, data.y_train, tc,
-                                  learning_rate=header.learning_rate or None, seed=seeds.batches,
-                                  dropout_seed=seeds.dropout,
-                                  epochs=attacker_local_epochs(attack, tc.local_epochs), batches=batches)
-                train_loss = res.loss
+            try:
+                out = self.local.run(self.model, self.data, self._train_data or self.data, self._fed, round_,
+                                     bool(header.recovery), header.learning_rate or None, self.private_accuracy)
+            except LocalRoundError as e:
+                raise FedClientError(str(e)) from None
             if self.config.straggler_delay_s:
                 self._sleep(self.config.straggler_delay_s)
         finally:
             self._busy.clear()
-        metrics["train_seconds"] = time.monotonic() - started
+        metrics = {**out.metrics, "train_seconds": time.monotonic() - started}
         self.summary.rounds_trained += 1
         self.summary.last_round = round_
-        self.summary.history.append({"round": float(round_), **metrics, "train_loss": train_loss})
-        self._push(round_, train_loss, metrics)
+        self.summary.history.append({"round": float(round_), **metrics, "train_loss": out.train_loss})
+        self._push(round_, out.train_loss, out.beta_hat, metrics)
 
     def _heartbeats(self) -> None:
         """While the client trains, tell the server every heartbeat interval that it is alive.
@@ -462,7 +459,7 @@ class FedClient:
                 with contextlib.suppress(grpc.RpcError):
                     self._stub.Heartbeat(pb.HeartbeatRequest(session_id=self._session), timeout=5.0)
 
-    def _push(self, round_: int, train_loss: float, metrics: dict[str, float]) -> None:
+    def _push(self, round_: int, train_loss: float, beta_hat: float | None, metrics: dict[str, float]) -> None:
         assert self.model is not None and self._stub is not None and self.data is not None
         manifest, payload = pack(self.model.state_dict())
         chunk_bytes = (self._fed.chunk_bytes if self._fed is not None else 0) or DEFAULT_CHUNK_BYTES
@@ -470,7 +467,7 @@ class FedClient:
         def messages() -> Iterator[pb.UpdateMessage]:
             yield pb.UpdateMessage(header=pb.UpdateHeader(
                 session_id=self._session, round=round_, num_samples=self.data.num_train if self.data else 0,
-                train_loss=train_loss, metrics=metrics, kind=pb.WEIGHTS,
+                beta_hat=beta_hat, train_loss=train_loss, metrics=metrics, kind=pb.WEIGHTS,
                 tensors=wire.metas_to_pb(manifest), total_bytes=len(payload)))
             yield from wire.chunk_frames(payload, pb.UpdateMessage, chunk_bytes)
 
@@ -483,7 +480,9 @@ class FedClient:
             self._retrying("push", do_push)
             self.summary.updates_accepted += 1
             self.log.info("update.sent", client_id=self.client_id, round=round_, train_loss=round(train_loss, 5),
-                          test_accuracy=round(metrics["test_accuracy"], 4))
+                          test_accuracy=round(metrics.get("test_accuracy", math.nan), 4),
+                          beta_hat=None if beta_hat is None else round(beta_hat, 4),
+                          adapting=bool(metrics.get("adapting", 0.0)))
         except grpc.RpcError as e:
             self.summary.updates_rejected += 1
             self.log.warning("update.refused", client_id=self.client_id, round=round_, code=str(e.code()),

@@ -21,6 +21,7 @@ from typing import Any, TypeVar, Union
 
 from fedcore.aggregation import AggregationConfig, check_memory
 from fedcore.attacks import AttackConfig
+from fedcore.nfl.config import NflConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -145,6 +146,7 @@ class ServerConfig:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
+    nfl: NflConfig = field(default_factory=NflConfig)
 
     def validate(self) -> ServerConfig:
         validate_server_config(self)
@@ -172,6 +174,9 @@ class FederationInfo:
     nfl_mode: str = "off"
     # Largest chunk the server takes in an update stream (0: the default 1 MiB).
     chunk_bytes: int = 0
+    # FL-GUARD's NR and c, for the clients' individual-level measures (FL-GUARD §4.3).
+    nfl_nr: int = 50
+    nfl_c: int = 50
 
 
 @dataclass
@@ -189,8 +194,14 @@ class ClientConfig:
     backoff_max_s: float = 10.0
     # Give up after this many seconds without reaching the server; 0 retries forever.
     give_up_after_s: float = 120.0
-    # "sgd" trains locally; "noop" returns the received model at once (benchmarks, protocol tests).
-    trainer: str = "sgd"
+    # The client's trainer, by registered name (fedcore.train.trainers.TRAINERS): "flguard" (local SGD/FedProx;
+    # FL-GUARD model adaptation while recovery is on), "vanilla" (local SGD/FedProx, no recovery method), "noop"
+    # (returns the received model at once: benchmarks, protocol tests).
+    trainer: str = "flguard"
+    # The trainer's options, e.g. {l_fb = 2} for flguard's partial-layer adaptation.
+    trainer_options: dict[str, Any] = field(default_factory=dict)
+    # A vanilla holdout (FL-GUARD §4.4): never adapts, infers with the received model, still reports beta_hat_i.
+    opt_out: bool = False
     # Simulation: seconds of extra delay before pushing each update.
     straggler_delay_s: float = 0.0
     # Simulation: index of the client's shard when the server's dataset is used; -1 uses the server's.
@@ -254,6 +265,16 @@ def validate_server_config(c: ServerConfig) -> None:
         c.aggregation.validate(r.clients_per_round, r.effective_min_updates)
     except ValueError as e:
         raise _aggregation_error(e) from None
+    c.nfl.validate("nfl")
+
+
+def effective_aggregation(c: ServerConfig) -> AggregationConfig:
+    """The aggregation configuration the server runs: ``[aggregation]``, with ``exact_metrics`` on when the NFL
+    detector is LINDT's Δ, which needs w_div exactly (a CountSketch estimate errs by about 1%, more than ε = 0.1
+    once w_div is above 10); that keeps a [K, P] float32 buffer for FedAvg."""
+    if c.nfl.detector == "delta" and not c.aggregation.exact_metrics:
+        return dataclasses.replace(c.aggregation, exact_metrics=True)
+    return c.aggregation
 
 
 def _aggregation_error(e: ValueError) -> ConfigError:
@@ -269,7 +290,7 @@ def check_aggregation_memory(c: ServerConfig, num_params: int) -> None:
     budget = c.aggregation.memory_budget_bytes
     if budget:
         try:
-            check_memory(c.aggregation, c.rounds.clients_per_round, num_params, budget)
+            check_memory(effective_aggregation(c), c.rounds.clients_per_round, num_params, budget)
         except ValueError as e:
             raise _aggregation_error(e) from None
 
@@ -292,7 +313,14 @@ def validate_client_config(c: ClientConfig) -> None:
     _check(0 < c.backoff_initial_s <= c.backoff_max_s, "backoff_initial_s",
            f"need 0 < backoff_initial_s <= backoff_max_s, got {c.backoff_initial_s} and {c.backoff_max_s}")
     _check(c.give_up_after_s >= 0, "give_up_after_s", f"must be >= 0, got {c.give_up_after_s}")
-    _check(c.trainer in ("sgd", "noop"), "trainer", f"one of 'sgd', 'noop', got {c.trainer!r}")
+    from fedcore.train.trainers import TRAINERS, make_trainer
+    _check(c.trainer in TRAINERS, "trainer", f"unknown trainer {c.trainer!r}; known: {', '.join(TRAINERS.names())}")
+    try:
+        make_trainer(c.trainer, c.trainer_options)
+    except ConfigError as e:
+        message = str(e).partition(": ")[2]
+        raise ConfigError("trainer_options" if e.field == "trainer" else f"trainer_options.{e.field}",
+                          message) from None
     _check(c.straggler_delay_s >= 0, "straggler_delay_s", f"must be >= 0, got {c.straggler_delay_s}")
     _check(c.torch_threads >= 0, "torch_threads", f"must be >= 0, got {c.torch_threads}")
     _check(c.private_epochs >= 0, "private_epochs", f"must be >= 0, got {c.private_epochs}")

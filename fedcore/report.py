@@ -38,8 +38,30 @@ class RoundReport:
     beta_weighted: float = NAN
     beta_benign: float = NAN
     beta_benign_weighted: float = NAN
-    # Median of the round's reported beta_hat_i (NaN when none was reported).
-    beta_hat_median: float = NAN
+    # FL-GUARD Eq. 3: median of the round's reported beta_hat_i (NaN when none was reported) ...
+    beta_hat: float = NAN
+    # ... and the detector's beta_hat: the mean of the last c round medians (NaN before any).
+    beta_hat_avg: float = NAN
+    # How well the cheap beta_hat_i (first batch) tracks beta_i (full local test split): mean |beta_hat_i - beta_i|
+    # over the participants that report both.
+    beta_hat_error: float = NAN
+    # Participants whose inference model is their adapted model v_i (they report it), and opt-out holdouts.
+    adapting: int = 0
+    holdouts: int = 0
+    # beta over the benign participants that are not holdouts, and over the benign holdouts (FL-GUARD §5.4).
+    beta_adapting: float = NAN
+    beta_holdout: float = NAN
+    # The same two groups' mean local test accuracy of the model each client infers with (benign clients).
+    test_accuracy_adapting: float = NAN
+    test_accuracy_holdout: float = NAN
+    # The participants' local training seconds, summed (client compute; "train_seconds" of each update).
+    client_seconds: float = 0.0
+    # The NFL detector after this round: "off", "always" (always-recover), "watching" or "reported"; its
+    # count (negative beta_hat rounds since the last cancel, or rounds with delta > epsilon); whether the next
+    # round's tasks carry recovery.
+    nfl: str = "off"
+    nfl_count: int = 0
+    recovery: bool = False
     # Wall seconds from the round's first start to its report.
     seconds: float = 0.0
     # Why the round closed: "quorum", "all_responded" or "deadline".
@@ -63,7 +85,7 @@ class RoundReport:
     def scalars(self) -> dict[str, float]:
         """Every numeric field beside the aggregation metrics (for flat metric maps and log lines)."""
         return {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)
-                if f.name not in ("round", "outcome", "metrics")}
+                if f.name not in ("round", "outcome", "nfl", "metrics")}
 
 
 def mean(values: list[float]) -> float:
@@ -77,6 +99,25 @@ def median(values: list[float]) -> float:
     s = sorted(values)
     n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+@dataclass(frozen=True)
+class NflStatus:
+    """The server's NFL detector as GetStatus shows it (``state``: off, always, watching or reported)."""
+
+    mode: str = "off"
+    detector: str = "beta_hat"
+    state: str = "off"
+    recovery: bool = False
+    count: int = 0
+    consecutive_ok: int = 0
+    # The running beta_hat (mean of the last c round medians) and the latest delta; NaN before the first.
+    beta_hat: float = NAN
+    delta: float = NAN
+    # Rounds of the latest report, cancel and recovery stop (0: never).
+    reported_round: int = 0
+    cancelled_round: int = 0
+    stopped_round: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,3 +141,4 @@ class FederationStatus:
     resumed_from: int = 0
     # A stop was requested (SIGTERM/SIGINT): no more updates are taken; the next start resumes.
     stopping: bool = False
+    nfl: NflStatus = field(default_factory=NflStatus)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from fedcore.config import FederationInfo, TrainingConfig
-from fedcore.report import FederationStatus, RoundReport
+from fedcore.report import FederationStatus, NflStatus, RoundReport
 from fedcore.serialization import DEFAULT_CHUNK_BYTES, SerializationError, TensorMeta, iter_chunks
 from fedguard.v1 import fedguard_pb2 as pb
 
@@ -80,7 +81,7 @@ def federation_to_pb(f: FederationInfo) -> pb.FederationConfig:
         model_kwargs_json=json.dumps(f.model_kwargs, sort_keys=True), model_fingerprint=f.model_fingerprint,
         model_spec=metas_to_pb(f.model_spec), training=training_to_pb(f.training), dataset=f.dataset,
         data_options_json=json.dumps(f.data_options, sort_keys=True), num_rounds=f.num_rounds, seed=f.seed,
-        nfl_mode=f.nfl_mode, chunk_bytes=f.chunk_bytes)
+        nfl_mode=f.nfl_mode, chunk_bytes=f.chunk_bytes, nfl_nr=f.nfl_nr, nfl_c=f.nfl_c)
 
 
 def federation_from_pb(p: pb.FederationConfig) -> FederationInfo:
@@ -91,7 +92,8 @@ def federation_from_pb(p: pb.FederationConfig) -> FederationInfo:
         model_fingerprint=p.model_fingerprint, model_spec=tuple(metas_from_pb(p.model_spec)),
         training=training_from_pb(p.training), dataset=p.dataset,
         data_options=_json_object(p.data_options_json, "data_options_json"), num_rounds=int(p.num_rounds),
-        seed=int(p.seed), nfl_mode=p.nfl_mode, chunk_bytes=int(p.chunk_bytes))
+        seed=int(p.seed), nfl_mode=p.nfl_mode, chunk_bytes=int(p.chunk_bytes),
+        nfl_nr=int(p.nfl_nr), nfl_c=int(p.nfl_c))
 
 
 def _json_object(raw: str, name: str) -> dict[str, Any]:
@@ -104,23 +106,19 @@ def _json_object(raw: str, name: str) -> dict[str, Any]:
     return value
 
 
-_REPORT_SCALARS = ("attempt", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy",
-                   "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign",
-                   "beta_benign_weighted", "beta_hat_median", "seconds", "outcome")
+# (name, type) of every RoundReport field but metrics; the types from the defaults (int, float, str, bool).
+_REPORT_FIELDS: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
+    (f.name, type(f.default) if f.name != "round" else int) for f in dataclasses.fields(RoundReport)
+    if f.name != "metrics")
 
 
 def report_to_pb(r: RoundReport) -> pb.RoundSummary:
-    return pb.RoundSummary(round=r.round, metrics=dict(r.metrics),
-                           **{k: getattr(r, k) for k in _REPORT_SCALARS})
+    return pb.RoundSummary(metrics=dict(r.metrics), **{name: getattr(r, name) for name, _ in _REPORT_FIELDS})
 
 
 def report_from_pb(p: pb.RoundSummary) -> RoundReport:
-    return RoundReport(
-        round=int(p.round), attempt=int(p.attempt), selected=int(p.selected), accepted=int(p.accepted),
-        rejected=int(p.rejected), mean_train_loss=p.mean_train_loss, mean_test_accuracy=p.mean_test_accuracy,
-        test_accuracy_benign=p.test_accuracy_benign, central_accuracy=p.central_accuracy, beta=p.beta,
-        beta_weighted=p.beta_weighted, beta_benign=p.beta_benign, beta_benign_weighted=p.beta_benign_weighted,
-        beta_hat_median=p.beta_hat_median, seconds=p.seconds, outcome=p.outcome, metrics=dict(p.metrics))
+    """Every RoundReport field has a RoundSummary field of the same name (a unit test holds the two equal)."""
+    return RoundReport(metrics=dict(p.metrics), **{name: tp(getattr(p, name)) for name, tp in _REPORT_FIELDS})
 
 
 def status_to_pb(s: FederationStatus) -> pb.StatusReply:
@@ -128,7 +126,15 @@ def status_to_pb(s: FederationStatus) -> pb.StatusReply:
         federation_id=s.federation_id, round=s.round, num_rounds=s.num_rounds, phase=s.phase, outcome=s.outcome,
         clients_known=s.clients_known, clients_alive=s.clients_alive, selected=s.selected, accepted=s.accepted,
         rejected=s.rejected, rejected_total=s.rejected_total, history=[report_to_pb(r) for r in s.history],
-        finished=s.finished, resumed_from=s.resumed_from, stopping=s.stopping)
+        finished=s.finished, resumed_from=s.resumed_from, stopping=s.stopping, nfl=nfl_status_to_pb(s.nfl))
+
+
+def nfl_status_to_pb(n: NflStatus) -> pb.NflStatus:
+    return pb.NflStatus(**{f.name: getattr(n, f.name) for f in dataclasses.fields(NflStatus)})
+
+
+def nfl_status_from_pb(p: pb.NflStatus) -> NflStatus:
+    return NflStatus(**{f.name: getattr(p, f.name) for f in dataclasses.fields(NflStatus)})
 
 
 def status_from_pb(p: pb.StatusReply) -> FederationStatus:
@@ -137,4 +143,5 @@ def status_from_pb(p: pb.StatusReply) -> FederationStatus:
         outcome=p.outcome, clients_known=int(p.clients_known), clients_alive=int(p.clients_alive),
         selected=int(p.selected), accepted=int(p.accepted), rejected=int(p.rejected),
         rejected_total=int(p.rejected_total), history=tuple(report_from_pb(r) for r in p.history),
-        finished=p.finished, resumed_from=int(p.resumed_from), stopping=p.stopping)
+        finished=p.finished, resumed_from=int(p.resumed_from), stopping=p.stopping,
+        nfl=nfl_status_from_pb(p.nfl) if p.HasField("nfl") else NflStatus())

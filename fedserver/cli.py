@@ -46,6 +46,13 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "epochs": ("training.local_epochs", int, "local epochs E"),
     "batch_size": ("training.batch_size", int, "local batch size B"),
     "lr": ("training.learning_rate", float, "client learning rate"),
+    "nfl_mode": ("nfl.mode", str, "detect-and-recover (default), always-recover or off"),
+    "detector": ("nfl.detector", str, "NFL detector: beta_hat (FL-GUARD, default) or delta (LINDT)"),
+    "nr": ("nfl.nr", int, "beta_hat: report NFL after more than NR negative rounds"),
+    "c": ("nfl.c", int, "beta_hat: average the last c round medians; cancel after c non-negative rounds"),
+    "epsilon": ("nfl.epsilon", float, "delta: the threshold epsilon on delta"),
+    "r_prime": ("nfl.r_prime", int, "delta: report NFL after more than r' rounds with delta > epsilon"),
+    "recovery": ("nfl.recovery", str, "long-term (never stops) or short-term (stops at the cancel)"),
 }
 
 

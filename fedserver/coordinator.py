@@ -8,7 +8,8 @@
 
 The coordinator turns protocol calls into observations for :func:`fedcore.rounds.step` and acts on the events
 that come back. A completed round goes aggregate -> report -> persist -> subscribers (the ``rounds.jsonl``
-writer, the status history, the log; later the NFL detectors), in that order, at one point
+writer, the status history, the log), in that order; the NFL monitor (:mod:`fedserver.nfl_monitor`) completes
+the report before it is persisted, so the detector's state is saved with the round that moved it, at one point
 (:meth:`Coordinator._finalize`). Everything runs on one asyncio event loop; aggregation, evaluation and
 snapshots run in worker threads so heartbeats and polls keep being answered meanwhile.
 """
@@ -35,6 +36,8 @@ from fedserver.errors import ProtocolError
 from fedserver.finalize import RoundFinalizer
 from fedserver.global_models import GlobalModels
 from fedserver.intake import UpdateIntake, UpdateTicket
+from fedserver.nfl_monitor import SLOT as NFL_SLOT
+from fedserver.nfl_monitor import NflMonitor
 from fedserver.persistence import Persistence, crash_point, write_round
 from fedserver.sessions import Sessions
 
@@ -68,12 +71,14 @@ class Coordinator:
         self.state = rm.RoundState(phase_since=clock())
         self.history: list[RoundReport] = []
         self.sessions = Sessions(config.server.token)
-        self.dispatch = TaskDispatcher(self.models, config.training)
+        self.nfl = NflMonitor(config.nfl)
+        self.dispatch = TaskDispatcher(self.models, config.training, lambda: self.nfl.recovery)
         self.intake = UpdateIntake(config, self.models, lambda: self.state, self.observe, clock,
                                    self.dispatch.model_id_for)
         eval_model = model.to(evaluation_device(config)) if config.evaluation.central else None
         self.finalizer = RoundFinalizer(config, self.models, eval_model, clock)
         self.persistence = Persistence(config, self.models)
+        self.persistence.register_slot(NFL_SLOT, self.nfl.save, self.nfl.load)
         self.run_dir = Path(config.server.run_dir)
         self.resumed_from = 0
         self.stopping = False
@@ -252,6 +257,7 @@ class Coordinator:
             self.observe(rm.AggregationFailed(round_, str(e), self.clock()))
             return
         report = await self.finalizer.report(result, log, self.state, reason)
+        report, _ = self.nfl.observe(report)  # moves the detector before the snapshot that saves it
         await asyncio.to_thread(self.persistence.snapshot, self.state, [*self.history, report], round_)
         crash_point("persisted", round_)
         for fn in self._subscribers:
@@ -337,4 +343,4 @@ class Coordinator:
             clients_known=len(s.clients), clients_alive=len(s.alive_ids()), selected=len(s.selected),
             accepted=len(s.accepted), rejected=s.rejected_in_round, rejected_total=s.rejected_total,
             history=tuple(self.history), finished=s.phase == rm.FINISHED, resumed_from=self.resumed_from,
-            stopping=self.stopping)
+            stopping=self.stopping, nfl=self.nfl.status())

@@ -7,6 +7,7 @@ same round serialize the model once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fedcore import rounds as rm
@@ -34,9 +35,11 @@ class WaitInfo:
 
 
 class TaskDispatcher:
-    def __init__(self, models: GlobalModels, training: TrainingConfig) -> None:
+    def __init__(self, models: GlobalModels, training: TrainingConfig,
+                 recovery: Callable[[], bool] = lambda: False) -> None:
         self.models = models
         self.training = training
+        self._recovery = recovery  # the NFL monitor's flag: every task of the round carries it
         self._cache: dict[str, tuple[int, list[TensorMeta], bytearray]] = {}
 
     def model_id_for(self, client_id: str) -> str:
@@ -59,7 +62,8 @@ class TaskDispatcher:
             cached = (s.round, manifest, payload)
             self._cache[model_id] = cached
         _, manifest, payload = cached
-        return Task(s.round, max(0.0, s.deadline - now), manifest, payload, self.learning_rate(s.round), model_id)
+        return Task(s.round, max(0.0, s.deadline - now), manifest, payload, self.learning_rate(s.round), model_id,
+                    self._recovery())
 
     def invalidate(self) -> None:
         """Forget cached payloads (the models changed outside a round, e.g. a restore)."""

@@ -8,6 +8,7 @@ the order in which updates arrived.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 import torch
@@ -69,10 +70,12 @@ def build_report(log: RoundLog, state: rm.RoundState, reason: str, central: floa
     """The round's report from the accepted clients' numbers (reduced in client-id order)."""
     reports = dict(sorted(log.reports.items()))
     attackers = {c for c in reports if c in state.clients and state.clients[c].attacker}
+    holdouts = {c for c in reports if c in state.clients and state.clients[c].opt_out}
     n_total = sum(r.num_samples for r in reports.values())
     acc = {c: r.metrics["test_accuracy"] for c, r in reports.items() if "test_accuracy" in r.metrics}
     private = {c: r.metrics["private_accuracy"] for c, r in reports.items() if "private_accuracy" in r.metrics}
     sizes = {c: r.num_samples for c, r in reports.items()}
+    betas = _betas(acc, private, sizes, attackers)
     return RoundReport(
         round=log.round, attempt=log.attempt, selected=log.selected, accepted=len(reports),
         rejected=state.rejected_in_round,
@@ -81,10 +84,25 @@ def build_report(log: RoundLog, state: rm.RoundState, reason: str, central: floa
         mean_test_accuracy=mean(list(acc.values())),
         test_accuracy_benign=mean([a for c, a in acc.items() if c not in attackers]),
         central_accuracy=central,
-        **_betas(acc, private, sizes, attackers),
-        beta_hat_median=median([r.beta_hat for r in reports.values() if r.beta_hat is not None]),
+        beta=betas["beta"], beta_weighted=betas["beta_weighted"], beta_benign=betas["beta_benign"],
+        beta_benign_weighted=betas["beta_benign_weighted"],
+        beta_hat=median([r.beta_hat for r in reports.values() if r.beta_hat is not None]),
+        beta_hat_error=mean([abs(r.beta_hat - (acc[c] - private[c])) for c, r in reports.items()
+                             if r.beta_hat is not None and c in acc and c in private]),
+        adapting=sum(1 for r in reports.values() if r.metrics.get("adapting", 0.0) > 0.5),
+        holdouts=len(holdouts),
+        beta_adapting=_benign_beta(acc, private, attackers | holdouts),
+        beta_holdout=_benign_beta({c: a for c, a in acc.items() if c in holdouts}, private, attackers),
+        test_accuracy_adapting=mean([a for c, a in acc.items() if c not in attackers | holdouts]),
+        test_accuracy_holdout=mean([a for c, a in acc.items() if c in holdouts and c not in attackers]),
+        client_seconds=math.fsum(r.metrics.get("train_seconds", 0.0) for r in reports.values()),
         seconds=seconds, outcome=reason, metrics=metrics,
     )
+
+
+def _benign_beta(acc: dict[str, float], private: dict[str, float], exclude: set[str]) -> float:
+    """Mean beta_i = V_i - P_i over the clients of ``acc`` not in ``exclude`` that report P_i (alpha_i = 1/N)."""
+    return mean([a - private[c] for c, a in acc.items() if c in private and c not in exclude])
 
 
 def _betas(acc: dict[str, float], private: dict[str, float], sizes: dict[str, int],

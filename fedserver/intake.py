@@ -18,8 +18,9 @@ import torch
 
 from fedcore import rounds as rm
 from fedcore.aggregation import Aggregator, make_aggregator
-from fedcore.config import ServerConfig
+from fedcore.config import ServerConfig, effective_aggregation
 from fedcore.log import get_logger
+from fedcore.nfl import OFF
 from fedcore.serialization import TensorMeta
 from fedserver.errors import ProtocolError
 from fedserver.global_models import GlobalModels
@@ -78,7 +79,7 @@ class UpdateIntake:
         """A round (or a new attempt of it) started: a fresh aggregator and log; the start time is kept."""
         started = self.round_log.started_at if self.round_log and self.round_log.round == round_ else now
         self.round_log = RoundLog(round_, started, selected, attempt)
-        self.aggregator = make_aggregator(self.config.aggregation, self.models.num_params,
+        self.aggregator = make_aggregator(effective_aggregation(self.config), self.models.num_params,
                                           self.config.rounds.clients_per_round)
 
     def take(self) -> tuple[Aggregator, RoundLog]:
@@ -108,6 +109,12 @@ class UpdateIntake:
             self.reject(client_id, round_, "INVALID_ARGUMENT", f"num_samples must be >= 1, got {num_samples}")
         if not math.isfinite(train_loss) or (beta_hat is not None and not math.isfinite(beta_hat)):
             self.reject(client_id, round_, "INVALID_ARGUMENT", "train_loss and beta_hat must be finite")
+        if beta_hat is not None and not -1.0 <= beta_hat <= 1.0:
+            self.reject(client_id, round_, "INVALID_ARGUMENT",
+                        f"beta_hat must be in [-1, 1] (a difference of two accuracies), got {beta_hat}")
+        if beta_hat is None and self.config.nfl.mode != OFF:
+            self.log.info("update.no_beta_hat", client_id=client_id, round=round_,
+                             reason="update without beta_hat: aggregated, not counted for the NFL detector")
         bad_metric = next((k for k, v in metrics.items() if not math.isfinite(v)), None)
         if bad_metric is not None:
             self.reject(client_id, round_, "INVALID_ARGUMENT", f"metric {bad_metric!r} is not finite")

@@ -33,7 +33,7 @@ STATE_DIR = "state"
 RUN_FILES = ("state", "rounds.jsonl", "config.json", "final_model.fgt")
 # Configuration sections and fields that define the federation: a resumed run must keep them.
 IDENTITY = ("model", "data", "training", "aggregation", "rounds.seed", "rounds.clients_per_round",
-            "rounds.over_select")
+            "rounds.over_select", "nfl.mode", "nfl.detector")
 # Test-only fault injection: FEDGUARD_CRASH_AT=<point>:<round> kills the server with SIGKILL there.
 CRASH_ENV = "FEDGUARD_CRASH_AT"
 

@@ -26,8 +26,8 @@ class FederationServicer(pb_grpc.FederationServicer):
             federation_id=cfg.server.federation_id, model_name=cfg.model.name, model_kwargs=cfg.model.kwargs,
             model_fingerprint=coordinator.fingerprint, model_spec=tuple(coordinator.manifest),
             training=cfg.training, dataset=cfg.data.dataset, data_options=cfg.data.options,
-            num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed, nfl_mode="off",
-            chunk_bytes=cfg.server.chunk_bytes))
+            num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed, nfl_mode=cfg.nfl.mode,
+            chunk_bytes=cfg.server.chunk_bytes, nfl_nr=cfg.nfl.nr, nfl_c=cfg.nfl.c))
 
     async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
         caps = request.capabilities

@@ -34,9 +34,11 @@ from typing import IO, Any
 from fedcore.config import toml_literal
 from fedcore.report import RoundReport
 
-COLUMNS = ("round", "selected", "accepted", "rejected", "train_loss", "test_acc", "beta", "beta_b", "nfl", "seconds")
+COLUMNS = ("round", "selected", "accepted", "rejected", "train_loss", "test_acc", "beta_hat", "beta", "beta_b",
+           "adapt", "nfl", "seconds")
 LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_epochs", "rounds", "k", "trainer",
-               "device"}
+               "device", "holdouts"}
+TRAINER_CHOICES = ("flguard", "vanilla", "noop")
 
 
 def _free_port() -> int:
@@ -50,13 +52,18 @@ def _fmt(v: float, digits: int = 4) -> str:
 
 
 def format_header() -> str:
-    return "{:>5} {:>8} {:>8} {:>8} {:>10} {:>8} {:>7} {:>7} {:>5} {:>8}".format(*COLUMNS)
+    return "{:>5} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>7} {:>7} {:>5} {:>12} {:>8}".format(*COLUMNS)
 
 
-def format_row(h: RoundReport, nfl: str) -> str:
-    beta, beta_b = h.beta, h.beta_benign
+def format_row(h: RoundReport) -> str:
+    """One round: beta_hat is the round's median of the clients' beta_hat_i, beta the mean V_i - P_i on their full
+    test splits, adapt the participants that ran their recovery, nfl the detector's state and count."""
+    nfl = h.nfl if h.nfl in ("off", "always") else f"{h.nfl}:{h.nfl_count}"
+    if h.recovery and h.nfl == "watching":
+        nfl += "+rec"  # long-term recovery carries on after a cancel
     return (f"{h.round:>5} {h.selected:>8} {h.accepted:>8} {h.rejected:>8} {_fmt(h.mean_train_loss):>10} "
-            f"{_fmt(h.mean_test_accuracy):>8} {_fmt(beta, 3):>7} {_fmt(beta_b, 3):>7} {nfl:>5} {h.seconds:>8.3f}")
+            f"{_fmt(h.mean_test_accuracy):>8} {_fmt(h.beta_hat, 3):>8} {_fmt(h.beta, 3):>7} "
+            f"{_fmt(h.beta_benign, 3):>7} {h.adapting:>5} {nfl:>12} {h.seconds:>8.3f}")
 
 
 def attacker_indices(num_clients: int, fraction: float, seed: int) -> list[int]:
@@ -66,6 +73,16 @@ def attacker_indices(num_clients: int, fraction: float, seed: int) -> list[int]:
     n = round(fraction * num_clients)
     rng = np.random.default_rng([seed, 0xA77AC4])
     return sorted(int(i) for i in rng.choice(num_clients, size=n, replace=False))
+
+
+def holdout_indices(num_clients: int, fraction: float, seed: int, attackers: list[int]) -> list[int]:
+    """A seeded random ``round(fraction * benign clients)`` of the benign client indices: the opt-out holdouts."""
+    import numpy as np
+
+    benign = [i for i in range(num_clients) if i not in set(attackers)]
+    n = round(fraction * len(benign))
+    rng = np.random.default_rng([seed, 0x401D0])
+    return sorted(int(benign[i]) for i in rng.choice(len(benign), size=n, replace=False))
 
 
 def split_experiment(path: str, run_dir: Path) -> tuple[dict[str, Any], Path]:
@@ -112,6 +129,8 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
         server_cmd += ["--min-available", str(args.min_available)]
     if args.round_timeout is not None:
         server_cmd += ["--round-timeout", str(args.round_timeout)]
+    if args.nfl_mode is not None:
+        server_cmd += ["--nfl-mode", args.nfl_mode]
     for item in args.server_set:
         server_cmd += ["--set", item]
     if not args.resume:
@@ -133,10 +152,12 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
         logs.append(clog)
         if args.virtual:
             mine = [i for i in args.attacker_ids if first <= i < first + count]
+            held = [i for i in args.holdout_ids if first <= i < first + count]
             cmd = [py, "-m", "tools.launch", "worker", "--server", address, "--first", str(first), "--count",
                    str(count), "--trainer", args.trainer, "--straggler-delay", str(args.straggler_delay),
                    "--private-epochs", str(args.private_epochs), "--attackers", ",".join(map(str, mine)),
-                   "--attack-json", json.dumps(args.attack), "--device", args.device]
+                   "--holdouts", ",".join(map(str, held)), "--attack-json", json.dumps(args.attack),
+                   "--device", args.device]
         else:
             cmd = [py, "-m", "fedclient", "--server", address, "--client-id", f"client-{first:05d}",
                    "--data-index", str(first), "--trainer", args.trainer, "--straggler-delay",
@@ -144,6 +165,8 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
                    "--private-epochs", str(args.private_epochs), "--device", args.device]
             if first in args.attacker_ids:
                 cmd += [item for k, v in args.attack.items() for item in ("--set", f"attack.{k}={toml_literal(v)}")]
+            if first in args.holdout_ids:
+                cmd.append("--opt-out")
         clients.append(subprocess.Popen(cmd, stdout=clog, stderr=subprocess.STDOUT, env=env))
     return Launch(server, clients, address, logs)
 
@@ -179,7 +202,7 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
             last = history[-1].round if history else 0
             for h in st.history:
                 if h.round > last:
-                    print(format_row(h, "off"), file=out, flush=True)
+                    print(format_row(h), file=out, flush=True)
                     history.append(h)
         except grpc.RpcError:
             pass
@@ -187,7 +210,7 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
             channel.close()
             # Rounds that completed after the last poll are in the server's rounds.jsonl.
             for h in _jsonl_rows(run_dir, history[-1].round if history else 0):
-                print(format_row(h, "off"), file=out, flush=True)
+                print(format_row(h), file=out, flush=True)
                 history.append(h)
             if history:
                 print(last_rounds_summary(history), file=out, flush=True)
@@ -236,9 +259,11 @@ def run_worker(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     configure_logging(json=True, level="warning")
     attackers = {int(i) for i in args.attackers.split(",") if i}
+    holdouts = {int(i) for i in args.holdouts.split(",") if i}
     attack = from_dict(AttackConfig, json.loads(args.attack_json), "attack")
     clients = [FedClient(ClientConfig(server=args.server, client_id=f"client-{i:05d}", data_index=i,
                                       trainer=args.trainer, straggler_delay_s=args.straggler_delay,
+                                      opt_out=i in holdouts,
                                       private_epochs=args.private_epochs, device=args.device,
                                       backoff_max_s=args.backoff_max,
                                       attack=attack if i in attackers else AttackConfig()))
@@ -275,7 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--server-set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--virtual", action="store_true", default=None, help="host many clients per process (threads)")
     ap.add_argument("--procs", type=int, help="client processes in --virtual mode (default 2)")
-    ap.add_argument("--trainer", choices=["sgd", "noop"], help="default sgd")
+    ap.add_argument("--trainer", choices=TRAINER_CHOICES, help="default flguard (FL-GUARD adaptation as recovery)")
+    ap.add_argument("--holdouts", type=float,
+                    help="fraction of the benign clients that opt out of recovery (vanilla holdouts; default 0)")
+    ap.add_argument("--nfl-mode", choices=["detect-and-recover", "always-recover", "off"],
+                    help="the server's [nfl] mode (default: the config's, else detect-and-recover)")
     ap.add_argument("--attackers", type=float, help="fraction of clients that attack (default 0)")
     ap.add_argument("--attack", help="attack kind: label_flip or backdoor (options via the experiment file)")
     ap.add_argument("--private-epochs", type=int,
@@ -307,10 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         wp.add_argument("--server", required=True)
         wp.add_argument("--first", type=int, required=True)
         wp.add_argument("--count", type=int, required=True)
-        wp.add_argument("--trainer", default="sgd")
+        wp.add_argument("--trainer", default="flguard")
         wp.add_argument("--straggler-delay", type=float, default=0.0)
         wp.add_argument("--private-epochs", type=int, default=0)
         wp.add_argument("--attackers", default="", help="comma-separated client indices")
+        wp.add_argument("--holdouts", default="", help="comma-separated client indices that opt out")
         wp.add_argument("--attack-json", default="{}")
         wp.add_argument("--device", default="cpu")
         wp.add_argument("--backoff-max", type=float, default=10.0,
@@ -323,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     args.server_config = None
     if args.config:
         launch_opts, args.server_config = split_experiment(args.config, run_dir)
-    defaults = {"clients": 10, "virtual": False, "procs": 2, "trainer": "sgd", "attackers": 0.0,
+    defaults = {"clients": 10, "virtual": False, "procs": 2, "trainer": "flguard", "attackers": 0.0, "holdouts": 0.0,
                 "private_epochs": 0, "rounds": None if args.config else 20, "k": None, "device": "cpu"}
     for key, default in defaults.items():
         if getattr(args, key) is None:
@@ -332,8 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.attack:
         attack["kind"] = args.attack
     args.attack = attack
-    if args.clients < 1 or (args.rounds is not None and args.rounds < 1) or not 0 <= args.attackers <= 1:
-        print("launch: need --clients >= 1, --rounds >= 1 and 0 <= --attackers <= 1", file=sys.stderr)
+    if (args.clients < 1 or (args.rounds is not None and args.rounds < 1) or not 0 <= args.attackers <= 1
+            or not 0 <= args.holdouts <= 1):
+        print("launch: need --clients >= 1, --rounds >= 1, 0 <= --attackers <= 1 and 0 <= --holdouts <= 1",
+              file=sys.stderr)
         return 2
     if args.attackers and attack.get("kind", "none") == "none":
         print("launch: --attackers needs an attack kind (--attack or [launch.attack] kind)", file=sys.stderr)
@@ -341,11 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.min_available is None and not _configures_min_available(args):
         args.min_available = args.clients
     args.attacker_ids = attacker_indices(args.clients, args.attackers, args.seed or 0)
+    args.holdout_ids = holdout_indices(args.clients, args.holdouts, args.seed or 0, args.attacker_ids)
     t0 = time.monotonic()
     launch = start(args, run_dir)
     mode = f"virtual, {len(launch.clients)} processes" if args.virtual else "one process each"
     attack_note = (f", {len(args.attacker_ids)} attackers ({args.attack.get('kind')})" if args.attacker_ids
                    else "")
+    if args.holdout_ids:
+        attack_note += f", {len(args.holdout_ids)} holdouts"
     print(f"fedguard: server {launch.address}, {args.clients} clients ({mode}){attack_note}, "
           f"{args.rounds or 'configured'} rounds, logs in {run_dir}/", flush=True)
     try:

@@ -57,6 +57,9 @@ class AttackConfig:
     batch_size: int = 10
     # epochs an attacker trains per round; 0 keeps the federation's local_epochs (LINDT attackers: 5)
     local_epochs_override: int = 0
+    # Attack on NFL detection (FL-GUARD §4.1): report this beta_hat_i with every update instead of the measured
+    # one (NaN: report the truth). Combines with any kind, or alone (kind "none").
+    fake_beta_hat: float = math.nan
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pairs", tuple((int(a), int(b)) for a, b in self.pairs))
@@ -64,6 +67,9 @@ class AttackConfig:
             raise AttackError(f"attack.kind: one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.flip not in FLIPS:
             raise AttackError(f"attack.flip: one of {', '.join(FLIPS)}, got {self.flip!r}")
+        if not (math.isnan(self.fake_beta_hat) or -1.0 <= self.fake_beta_hat <= 1.0):
+            raise AttackError(f"attack.fake_beta_hat: must be in [-1, 1] (or nan: no fabrication), "
+                              f"got {self.fake_beta_hat}")
         if self.local_epochs_override < 0:
             raise AttackError(f"attack.local_epochs_override: must be >= 0, got {self.local_epochs_override}")
         if self.kind == "backdoor" and not 0 < self.poison_per_batch < self.batch_size:
@@ -82,7 +88,11 @@ class AttackConfig:
 
     @property
     def active(self) -> bool:
-        return self.kind != "none"
+        return self.kind != "none" or self.fabricates_beta_hat
+
+    @property
+    def fabricates_beta_hat(self) -> bool:
+        return not math.isnan(self.fake_beta_hat)
 
     @property
     def backdoor_pairs(self) -> tuple[tuple[int, int], ...]:

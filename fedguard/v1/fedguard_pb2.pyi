@@ -106,7 +106,7 @@ class TrainingConfig(_message.Message):
     def __init__(self, local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., lr_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ..., prox_mu: _Optional[float] = ...) -> None: ...
 
 class FederationConfig(_message.Message):
-    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode", "chunk_bytes")
+    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode", "chunk_bytes", "nfl_nr", "nfl_c")
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,8 @@ class FederationConfig(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     NFL_MODE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NFL_NR_FIELD_NUMBER: _ClassVar[int]
+    NFL_C_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     model_name: str
     model_kwargs_json: str
@@ -131,7 +133,9 @@ class FederationConfig(_message.Message):
     seed: int
     nfl_mode: str
     chunk_bytes: int
-    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    nfl_nr: int
+    nfl_c: int
+    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., nfl_nr: _Optional[int] = ..., nfl_c: _Optional[int] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("session_id", "config", "heartbeat_interval_s", "client_index")
@@ -265,7 +269,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat_median")
+    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -289,7 +293,19 @@ class RoundSummary(_message.Message):
     BETA_WEIGHTED_FIELD_NUMBER: _ClassVar[int]
     BETA_BENIGN_FIELD_NUMBER: _ClassVar[int]
     BETA_BENIGN_WEIGHTED_FIELD_NUMBER: _ClassVar[int]
-    BETA_HAT_MEDIAN_FIELD_NUMBER: _ClassVar[int]
+    BETA_HAT_FIELD_NUMBER: _ClassVar[int]
+    BETA_HAT_AVG_FIELD_NUMBER: _ClassVar[int]
+    BETA_HAT_ERROR_FIELD_NUMBER: _ClassVar[int]
+    ADAPTING_FIELD_NUMBER: _ClassVar[int]
+    HOLDOUTS_FIELD_NUMBER: _ClassVar[int]
+    BETA_ADAPTING_FIELD_NUMBER: _ClassVar[int]
+    BETA_HOLDOUT_FIELD_NUMBER: _ClassVar[int]
+    NFL_FIELD_NUMBER: _ClassVar[int]
+    NFL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    TEST_ACCURACY_ADAPTING_FIELD_NUMBER: _ClassVar[int]
+    TEST_ACCURACY_HOLDOUT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     round: int
     selected: int
     accepted: int
@@ -306,11 +322,23 @@ class RoundSummary(_message.Message):
     beta_weighted: float
     beta_benign: float
     beta_benign_weighted: float
-    beta_hat_median: float
-    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat_median: _Optional[float] = ...) -> None: ...
+    beta_hat: float
+    beta_hat_avg: float
+    beta_hat_error: float
+    adapting: int
+    holdouts: int
+    beta_adapting: float
+    beta_holdout: float
+    nfl: str
+    nfl_count: int
+    recovery: bool
+    test_accuracy_adapting: float
+    test_accuracy_holdout: float
+    client_seconds: float
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("federation_id", "round", "num_rounds", "phase", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished", "outcome", "resumed_from", "stopping")
+    __slots__ = ("federation_id", "round", "num_rounds", "phase", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished", "outcome", "resumed_from", "stopping", "nfl")
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     NUM_ROUNDS_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +354,7 @@ class StatusReply(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
+    NFL_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     round: int
     num_rounds: int
@@ -341,4 +370,31 @@ class StatusReply(_message.Message):
     outcome: str
     resumed_from: int
     stopping: bool
-    def __init__(self, federation_id: _Optional[str] = ..., round: _Optional[int] = ..., num_rounds: _Optional[int] = ..., phase: _Optional[str] = ..., clients_known: _Optional[int] = ..., clients_alive: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejected_total: _Optional[int] = ..., history: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., finished: _Optional[bool] = ..., outcome: _Optional[str] = ..., resumed_from: _Optional[int] = ..., stopping: _Optional[bool] = ...) -> None: ...
+    nfl: NflStatus
+    def __init__(self, federation_id: _Optional[str] = ..., round: _Optional[int] = ..., num_rounds: _Optional[int] = ..., phase: _Optional[str] = ..., clients_known: _Optional[int] = ..., clients_alive: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejected_total: _Optional[int] = ..., history: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., finished: _Optional[bool] = ..., outcome: _Optional[str] = ..., resumed_from: _Optional[int] = ..., stopping: _Optional[bool] = ..., nfl: _Optional[_Union[NflStatus, _Mapping]] = ...) -> None: ...
+
+class NflStatus(_message.Message):
+    __slots__ = ("mode", "detector", "state", "recovery", "count", "consecutive_ok", "beta_hat", "delta", "reported_round", "cancelled_round", "stopped_round")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    DETECTOR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_OK_FIELD_NUMBER: _ClassVar[int]
+    BETA_HAT_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    detector: str
+    state: str
+    recovery: bool
+    count: int
+    consecutive_ok: int
+    beta_hat: float
+    delta: float
+    reported_round: int
+    cancelled_round: int
+    stopped_round: int
+    def __init__(self, mode: _Optional[str] = ..., detector: _Optional[str] = ..., state: _Optional[str] = ..., recovery: _Optional[bool] = ..., count: _Optional[int] = ..., consecutive_ok: _Optional[int] = ..., beta_hat: _Optional[float] = ..., delta: _Optional[float] = ..., reported_round: _Optional[int] = ..., cancelled_round: _Optional[int] = ..., stopped_round: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,191 @@
+"""FL-GUARD acceptance experiment: FedAvg vs detect-and-recover vs always-recover vs 50% holdouts, NFL vs ideal.
+
+    python tools/nfl_experiment.py run --out runs/nfl_exp --seeds 0 1 2 --parallel 8 [--rounds 150] [--nr 20]
+    python tools/nfl_experiment.py summarize runs/nfl_exp --md docs/results/nfl_acceptance.md
+
+``run`` launches every (environment, arm, seed) as its own federation (``python -m tools.launch --config
+configs/mnist_{nfl,ideal}.toml``, real fedserver and virtual fedclient processes over loopback), ``--parallel`` at a
+time, each in ``OUT/<env>-<arm>-s<seed>/``. Arms: ``fedavg`` (nfl.mode = off), ``detect`` (detect-and-recover),
+``always`` (always-recover), ``holdouts`` (detect-and-recover, 50% of the benign clients opt out). NR and c are
+scaled to the run (``--nr``, ``--c``). A run that exceeds ``--timeout`` is stopped; its completed rounds stay in
+its ``rounds.jsonl`` (the server persists every round) and the summary says how many rounds it reached.
+
+``summarize`` reads every run's ``rounds.jsonl`` and prints one row per (environment, arm, client group), means
+over seeds of the last 10 rounds' values:
+- ``acc``: benign local accuracy of the model each client infers with (vᵢ while/after adapting, else w^{r-1});
+- ``beta``: benign β = mean(Vᵢ − Pᵢ) on the clients' full test splits (FL-GUARD Eq. 1–2, αᵢ = 1/N);
+- ``|β̂−β|``: mean |β̂ᵢ − βᵢ| over the run (how well the first-batch β̂ᵢ tracks βᵢ);
+- ``detect`` / ``cancel``: the first round with NFL reported, the first round with the report cancelled;
+- ``compute``: the clients' training seconds per round relative to the same seed's FedAvg run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+ENVS = {"nfl": "configs/mnist_nfl.toml", "ideal": "configs/mnist_ideal.toml"}
+ARMS = {
+    "fedavg": ["--nfl-mode", "off"],
+    "detect": ["--nfl-mode", "detect-and-recover"],
+    "always": ["--nfl-mode", "always-recover"],
+    "holdouts": ["--nfl-mode", "detect-and-recover", "--holdouts", "0.5"],
+}
+
+
+def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "tools.launch", "--config", ENVS[env], "--run-dir", str(run_dir), "--seed",
+           str(seed), "--procs", str(args.procs), *ARMS[arm], "--server-set", f"nfl.nr={args.nr}",
+           "--server-set", f"nfl.c={args.c}"]
+    if args.rounds:
+        cmd += ["--rounds", str(args.rounds)]
+    if args.private_epochs is not None:
+        cmd += ["--private-epochs", str(args.private_epochs)]
+    if args.device:
+        cmd += ["--device", args.device]
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(e, a, s) for s in args.seeds for e in args.envs for a in args.arms]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    running: list[tuple[str, subprocess.Popen[bytes], float, Any]] = []
+    t0 = time.monotonic()
+    while jobs or running:
+        while jobs and len(running) < args.parallel:
+            e, a, s = jobs.pop(0)
+            name = f"{e}-{a}-s{s}"
+            run_dir = out / name
+            run_dir.mkdir(parents=True, exist_ok=True)
+            log = open(run_dir / "launch.txt", "wb")  # noqa: SIM115 (closed when the run ends)
+            p = subprocess.Popen(_launch_cmd(e, a, s, args, run_dir), stdout=log, stderr=subprocess.STDOUT,
+                                 env=env, cwd=ROOT, start_new_session=True)
+            running.append((name, p, time.monotonic(), log))
+            print(f"[{time.monotonic() - t0:7.1f}s] started {name}", flush=True)
+        time.sleep(1.0)
+        for item in list(running):
+            name, p, started, log = item
+            over = args.timeout and time.monotonic() - started > args.timeout
+            if p.poll() is None and over:
+                os.killpg(p.pid, 15)  # the server exits 4 (resumable); its completed rounds are on disk
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, 9)
+                    p.wait()
+                print(f"[{time.monotonic() - t0:7.1f}s] stopped {name} at the time limit", flush=True)
+            if p.poll() is not None:
+                log.close()
+                running.remove(item)
+                print(f"[{time.monotonic() - t0:7.1f}s] {name} exit {p.returncode}", flush=True)
+    return 0
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "rounds.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _mean(vals: list[float]) -> float:
+    vals = [v for v in vals if v is not None and not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def _tail(rows: list[dict[str, Any]], key: str, last: int = 10) -> float:
+    return _mean([r.get(key, math.nan) for r in rows[-last:]])
+
+
+def _first(rows: list[dict[str, Any]], pred: Any) -> int | None:
+    return next((int(r["round"]) for r in rows if pred(r)), None)
+
+
+def _cancel_round(rows: list[dict[str, Any]]) -> int | None:
+    for prev, r in itertools.pairwise(rows):
+        if prev.get("nfl") == "reported" and r.get("nfl") == "watching":
+            return int(r["round"])
+    return None
+
+
+def summarize(args: argparse.Namespace) -> int:
+    base = Path(args.dir)
+    runs = {p.name: _rows(p) for p in sorted(base.iterdir()) if p.is_dir()}
+    lines = ["| env | arm | clients | seeds | rounds | acc | beta | mean abs(beta_hat - beta) | detect round | "
+             "cancel round | compute vs FedAvg |", "|" + " --- |" * 11]
+    for env in ENVS:
+        for arm in ARMS:
+            groups = [("adapting", "test_accuracy_adapting", "beta_adapting"),
+                      ("holdouts", "test_accuracy_holdout", "beta_holdout")] if arm == "holdouts" else [
+                ("benign", "test_accuracy_benign", "beta_benign")]
+            names = sorted(n for n in runs if n.startswith(f"{env}-{arm}-s") and runs[n])
+            if not names:
+                continue
+            for group, acc_key, beta_key in groups:
+                accs, betas, errs, dets, cans, comp, nrounds = [], [], [], [], [], [], []
+                for n in names:
+                    rows = runs[n]
+                    seed = n.rsplit("-s", 1)[1]
+                    accs.append(_tail(rows, acc_key))
+                    betas.append(_tail(rows, beta_key))
+                    errs.append(_mean([r.get("beta_hat_error", math.nan) for r in rows]))
+                    dets.append(_first(rows, lambda r: r.get("nfl") == "reported"))
+                    cans.append(_cancel_round(rows))
+                    nrounds.append(len(rows))
+                    ref = runs.get(f"{env}-fedavg-s{seed}", [])
+                    mine = _mean([r.get("client_seconds", math.nan) for r in rows])
+                    theirs = _mean([r.get("client_seconds", math.nan) for r in ref])
+                    comp.append(mine / theirs if theirs and not math.isnan(theirs) else math.nan)
+                lines.append(
+                    f"| {env} | {arm} | {group} | {len(names)} | {'/'.join(map(str, nrounds))} | "
+                    f"{_fmt(_mean(accs))} | {_fmt(_mean(betas))} | {_fmt(_mean(errs))} | "
+                    f"{'/'.join('-' if d is None else str(d) for d in dets)} | "
+                    f"{'/'.join('-' if c is None else str(c) for c in cans)} | {_fmt(_mean(comp), 2)}x |")
+    text = "\n".join(lines)
+    print(text)
+    if args.md:
+        Path(args.md).write_text(text + "\n")
+    return 0
+
+
+def _fmt(v: float, digits: int = 3) -> str:
+    return "-" if math.isnan(v) else f"{v:.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", default="runs/nfl_exp")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    r.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    r.add_argument("--parallel", type=int, default=2)
+    r.add_argument("--procs", type=int, default=1, help="client processes per run")
+    r.add_argument("--rounds", type=int, default=0, help="0: the config's (150)")
+    r.add_argument("--private-epochs", type=int, default=None)
+    r.add_argument("--nr", type=int, default=20)
+    r.add_argument("--c", type=int, default=20)
+    r.add_argument("--timeout", type=float, default=0.0, help="stop a run after this many seconds (0: never)")
+    r.add_argument("--device", default="")
+    s = sub.add_parser("summarize")
+    s.add_argument("dir")
+    s.add_argument("--md", default="")
+    args = ap.parse_args(argv)
+    return run(args) if args.cmd == "run" else summarize(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
