@@ -8,18 +8,27 @@ finished, 2 for a bad configuration or a refused join (e.g. a model mismatch), 1
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import sys
 import threading
 from types import FrameType
 
-from fedcore.config import ClientConfig, ConfigError, build_config, parse_override
+from fedcore.config import TOKEN_ENV, ClientConfig, ConfigError, build_config, parse_override
 from fedcore.log import configure_logging
 
 _FLAGS = {
     "server": (str, "server address host:port"),
     "client_id": (str, "stable client identity (default: from --state-dir, else random)"),
-    "token": (str, "join secret"),
+    "token": (str, "join secret (visible in ps: prefer --token-file or FEDGUARD_TOKEN)"),
+    "token_file": (str, "file holding the join secret"),
+    "ca_cert": (str, "PEM CA that signed the server's certificate (default: the system's trusted roots)"),
+    "cert": (str, "PEM client certificate, for a server that requires mutual TLS"),
+    "key": (str, "PEM key of the client certificate"),
+    "server_name": (str, "name to check the server certificate against (default: the host in --server)"),
+    "signing_key": (str, "Ed25519 key that signs every request (fedguard-certs keygen)"),
+    "dataset": (str, "this client's own dataset (default: the server's, with its partition options only)"),
     "state_dir": (str, "directory that keeps the client's identity across restarts"),
     "data_index": (int, "shard index of the server's dataset (simulation)"),
     "trainer": (str, "flguard (default: local SGD, FL-GUARD adaptation while recovering), vanilla, or noop "
@@ -46,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="simulation only: play a data-poisoning attacker (options: --set attack.KEY=VALUE)")
     ap.add_argument("--opt-out", action="store_true", default=None,
                     help="a vanilla holdout: never adapt, infer with the received model, still report beta_hat_i")
+    ap.add_argument("--data-options", help="JSON object: this client's own dataset options (data_dir, path, source, "
+                                            "cache_dir, download), which a server can never set")
+    ap.add_argument("--insecure", action="store_true", default=None,
+                    help="plaintext gRPC (no TLS): only on a network you trust")
     ap.add_argument("--log-json", action="store_true", default=None)
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return ap
@@ -62,6 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append((["attack", "kind"], args.attack))
     if args.opt_out is not None:
         overrides.append((["opt_out"], True))
+    if args.insecure is not None:
+        overrides.append((["insecure"], True))
+    token = os.environ.get(TOKEN_ENV)
+    if token and args.token is None and args.token_file is None:
+        overrides.append((["token"], token))
+    if args.data_options is not None:
+        try:
+            overrides.append((["data_options"], json.loads(args.data_options)))
+        except json.JSONDecodeError as e:
+            print(f"fedclient: configuration error: data_options: --data-options is not valid JSON: {e}",
+                  file=sys.stderr)
+            return 2
     if args.log_json is not None:
         overrides.append((["log_json"], True))
     if args.log_level is not None:

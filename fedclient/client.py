@@ -24,12 +24,12 @@ from typing import Any
 
 import grpc
 import torch
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from torch import nn
 
 from fedclient.local_round import LocalRound, LocalRoundError
+from fedclient.transport import Transport
 from fedcore.attacks import AttackError, backdoor_batches, poison_client_data
-from fedcore.config import ClientConfig, FederationInfo
+from fedcore.config import ClientConfig, ConfigError, FederationInfo
 from fedcore.data import ClientData, load_client_data
 from fedcore.log import get_logger
 from fedcore.metrics import load_private_model, save_private_model, train_private_model
@@ -44,14 +44,24 @@ from fedcore.serialization import (
     pack,
 )
 from fedcore.train import resolve_device
+from fedcore.trust import (
+    TrustError,
+    announced_data,
+    announced_model,
+    build_announced_model,
+    check_announcement,
+    check_json,
+)
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
-from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
 
 VERSION = "0.1.0"
-SERVICE_NAME = "fedguard.v1.Federation"
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
               grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+
+
+# The longest a server's "come back later" makes the client wait (a server cannot park a client forever).
+MAX_RETRY_AFTER_S = 60.0
 
 
 class FedClientError(RuntimeError):
@@ -125,14 +135,12 @@ class FedClient:
         self._thread: threading.Thread | None = None
         self._call_lock = threading.Lock()
         self._inflight: Any = None
-        self._channel: grpc.Channel | None = None
-        self._stub: pb_grpc.FederationStub | None = None
+        self._transport: Transport | None = None
         self._session = ""
         self._fed: FederationInfo | None = None
         self._heartbeat_s = 5.0
         self._rng = random.Random(self.client_id)
         self._busy = threading.Event()
-        self._health_watch: Any = None
         self._train_data: ClientData | None = None
         # P_i, the accuracy of this client's stand-alone model (None until trained or loaded).
         self.private_accuracy: float | None = None
@@ -165,7 +173,10 @@ class FedClient:
             self.device = resolve_device(self.config.device)
         except ValueError as e:
             raise FedClientError(str(e)) from None
-        self._open_channel()
+        try:
+            self._transport = Transport(self.config, self.client_id, self.log)
+        except ConfigError as e:
+            raise FedClientError(str(e)) from None
         threading.Thread(target=self._heartbeats, name=f"heartbeat-{self.client_id}", daemon=True).start()
         try:
             self._join_with_retry()
@@ -174,10 +185,8 @@ class FedClient:
             self.log.info("client.stopped", client_id=self.client_id)
         finally:
             self._leave()
-            if self._health_watch is not None:
-                self._health_watch.cancel()
-            if self._channel is not None:
-                self._channel.close()
+            if self._transport is not None:
+                self._transport.close()
         return self.summary
 
     def start(self) -> FedClient:
@@ -216,17 +225,6 @@ class FedClient:
 
     # ---- transport ----
 
-    def _open_channel(self) -> None:
-        opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
-                ("grpc.enable_retries", 0)]
-        self._channel = grpc.insecure_channel(self.config.server, options=opts)
-        self._stub = pb_grpc.FederationStub(self._channel)  # type: ignore[no-untyped-call]
-        # A standing Watch on the server's health service for the client's lifetime. Besides telling the
-        # client when the server stops serving, it keeps one call open on the channel, so gRPC's sync client
-        # keeps its completion-queue thread instead of starting a new one for every call (~2 ms each).
-        health = health_pb2_grpc.HealthStub(self._channel)
-        self._health_watch = health.Watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
-
     def _check_stop(self) -> None:
         if self._stop.is_set():
             raise _Stopped
@@ -262,8 +260,8 @@ class FedClient:
                               delay_s=round(delay, 3))
                 self._sleep(delay)
 
-    def _unary(self, method: Any, request: Any, timeout: float) -> Any:
-        fut = method.future(request, timeout=timeout)
+    def _tracked(self, fut: Any) -> Any:
+        """Wait for a call that :meth:`stop` can cancel."""
         with self._call_lock:
             self._inflight = fut
         try:
@@ -276,14 +274,14 @@ class FedClient:
 
     def _join_with_retry(self) -> None:
         def do_join() -> pb.JoinReply:
-            assert self._stub is not None
+            assert self._transport is not None
             fp = model_fingerprint(self.model) if self.model is not None else ""
             req = pb.JoinRequest(client_id=self.client_id, token=self.config.token, model_fingerprint=fp,
                                  capabilities=pb.Capabilities(
                                      num_train_samples=self.data.num_train if self.data else 0,
                                      attacker=self.config.attack.active, opt_out=self.config.opt_out,
                                      version=VERSION))
-            reply: pb.JoinReply = self._unary(self._stub.Join, req, timeout=30.0)
+            reply: pb.JoinReply = self._tracked(self._transport.future("Join", req, timeout=30.0))
             return reply
 
         try:
@@ -298,23 +296,32 @@ class FedClient:
             self.summary.rejoins += 1
         self._session = reply.session_id
         self._fed = fed
-        self._heartbeat_s = reply.heartbeat_interval_s or 5.0
+        hb = reply.heartbeat_interval_s
+        self._heartbeat_s = min(max(hb, 0.1), 600.0) if math.isfinite(hb) and hb > 0 else 5.0
         self._prepare(fed, int(reply.client_index))
         self.log.info("client.joined", client_id=self.client_id, federation=reply.config.federation_id,
                       index=reply.client_index, num_train=self.data.num_train if self.data else 0)
 
     def _prepare(self, fed: FederationInfo, client_index: int) -> None:
         """Build model and data on first join and check the model against the server's spec."""
-        if self.model is None:
-            spec = self._model_spec
-            if isinstance(spec, nn.Module):
-                self.model = spec
-            else:
-                # A user factory may draw from torch's global RNG: never while another thread's seeded
-                # section (a concurrent virtual client's private model) holds it.
-                with GLOBAL_RNG_LOCK:
-                    self.model = self._model_factory(fed)()
-            self.model.to(self.device)
+        try:
+            check_announcement(fed)
+            if self.model is None:
+                spec = self._model_spec
+                if isinstance(spec, nn.Module):
+                    self.model = spec
+                elif spec is None:
+                    # The announcement names a built-in model only; checked on the meta device first.
+                    self.model = build_announced_model(fed, self.config.max_model_bytes)
+                else:
+                    # A user factory may draw from torch's global RNG: never while another thread's seeded
+                    # section (a concurrent virtual client's private model) holds it.
+                    with GLOBAL_RNG_LOCK:
+                        self.model = self._model_factory(fed)()
+                self.model.to(self.device)
+            dataset, data_options = announced_data(fed, self.config.dataset, self.config.data_options)
+        except TrustError as e:
+            raise FedClientError(f"refused the server's announcement: {e}") from None
         server_manifest = list(fed.model_spec)
         mine = model_manifest(self.model)
         if mine != server_manifest:
@@ -323,7 +330,7 @@ class FedClient:
                 f"but the federation's is {fed.model_fingerprint}; {_first_difference(mine, server_manifest)}")
         if self.data is None:
             index = self.config.data_index if self.config.data_index >= 0 else client_index
-            self.data = load_client_data(fed.dataset, index, fed.seed, fed.data_options)
+            self.data = load_client_data(dataset, index, fed.seed, data_options)
         attack = self.config.attack
         try:
             if attack.kind == "label_flip" and self._train_data is None:
@@ -340,11 +347,18 @@ class FedClient:
                 self._busy.clear()
 
     def _model_factory(self, fed: FederationInfo) -> Callable[[], nn.Module]:
+        """Fresh copies of this client's model (the private model is one): the client's own ``model``, or the
+        announced built-in model (:func:`fedcore.trust.announced_model` refuses anything else)."""
         spec = self._model_spec
-        kwargs = dict(fed.model_kwargs)
-        if spec is None or isinstance(spec, str):
-            name = spec or fed.model_name
+        if spec is None:
+            name, kwargs = announced_model(fed, self.config.max_model_bytes)
             return lambda: build_model(name, kwargs)
+        if isinstance(spec, str):
+            # The client's own choice (--model): a built-in name or its own factory's import path, with the
+            # server's arguments only for a built-in model (the fingerprint check guards the rest).
+            check_json(fed.model_kwargs, "model_kwargs_json")
+            own, own_kwargs = spec, dict(fed.model_kwargs)
+            return lambda: build_model(own, own_kwargs)
         if isinstance(spec, nn.Module):
             template = copy.deepcopy(spec)
             return lambda: copy.deepcopy(template)
@@ -371,10 +385,10 @@ class FedClient:
         return acc
 
     def _leave(self) -> None:
-        if not self._session or self._stub is None:
+        if not self._session or self._transport is None:
             return
         with contextlib.suppress(grpc.RpcError):
-            self._stub.Leave(pb.LeaveRequest(session_id=self._session, reason="done"), timeout=2.0)
+            self._transport.call("Leave", pb.LeaveRequest(session_id=self._session, reason="done"), timeout=2.0)
         self._session = ""
 
     def _loop(self) -> None:
@@ -392,8 +406,8 @@ class FedClient:
                     self.log.info("client.finished", client_id=self.client_id, reason=task.reason,
                                   rounds_trained=self.summary.rounds_trained)
                     return
-                if task.retry_after_s > 0:
-                    self._sleep(task.retry_after_s)
+                if task.retry_after_s > 0:  # NaN is not > 0; the server's hint is capped
+                    self._sleep(min(task.retry_after_s, MAX_RETRY_AFTER_S))
                 continue
             header, state = task
             try:
@@ -402,9 +416,9 @@ class FedClient:
                 self._join_with_retry()
 
     def _pull(self) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
-        assert self._stub is not None
+        assert self._transport is not None
         req = pb.PullTaskRequest(session_id=self._session, max_wait_s=self.config.long_poll_s)
-        call = self._stub.PullTask(req, timeout=self.config.long_poll_s + 30.0)
+        call = self._transport.pull(req, timeout=self.config.long_poll_s + 30.0)
         with self._call_lock:
             self._inflight = call
         try:
@@ -413,7 +427,11 @@ class FedClient:
             if first.WhichOneof("kind") == "wait":
                 return first.wait
             header = first.header
-            asm = Reassembler(wire.metas_from_pb(header.tensors), int(header.total_bytes))
+            manifest = wire.metas_from_pb(header.tensors)
+            assert self.model is not None
+            if manifest != model_manifest(self.model):
+                raise SerializationError("the task's tensors are not this client's model")
+            asm = Reassembler(manifest, int(header.total_bytes))
             for msg in it:
                 asm.feed(int(msg.chunk.offset), msg.chunk.data)
             return header, asm.finish()
@@ -455,25 +473,22 @@ class FedClient:
                 continue
             if self._stop.wait(self._heartbeat_s):
                 return
-            if self._busy.is_set() and self._session and self._stub is not None:
+            if self._busy.is_set() and self._session and self._transport is not None:
                 with contextlib.suppress(grpc.RpcError):
-                    self._stub.Heartbeat(pb.HeartbeatRequest(session_id=self._session), timeout=5.0)
+                    self._transport.call("Heartbeat", pb.HeartbeatRequest(session_id=self._session), timeout=5.0)
 
     def _push(self, round_: int, train_loss: float, beta_hat: float | None, metrics: dict[str, float]) -> None:
-        assert self.model is not None and self._stub is not None and self.data is not None
+        assert self.model is not None and self._transport is not None and self.data is not None
         manifest, payload = pack(self.model.state_dict())
         chunk_bytes = (self._fed.chunk_bytes if self._fed is not None else 0) or DEFAULT_CHUNK_BYTES
 
-        def messages() -> Iterator[pb.UpdateMessage]:
-            yield pb.UpdateMessage(header=pb.UpdateHeader(
-                session_id=self._session, round=round_, num_samples=self.data.num_train if self.data else 0,
-                beta_hat=beta_hat, train_loss=train_loss, metrics=metrics, kind=pb.WEIGHTS,
-                tensors=wire.metas_to_pb(manifest), total_bytes=len(payload)))
-            yield from wire.chunk_frames(payload, pb.UpdateMessage, chunk_bytes)
-
         def do_push() -> pb.PushReply:
-            assert self._stub is not None
-            reply: pb.PushReply = self._unary(self._stub.PushUpdate, messages(), timeout=120.0)
+            assert self._transport is not None and self.data is not None
+            header = pb.UpdateHeader(
+                session_id=self._session, round=round_, num_samples=self.data.num_train, beta_hat=beta_hat,
+                train_loss=train_loss, metrics=metrics, kind=pb.WEIGHTS, tensors=wire.metas_to_pb(manifest),
+                total_bytes=len(payload))
+            reply: pb.PushReply = self._tracked(self._transport.push(header, payload, chunk_bytes, timeout=120.0))
             return reply
 
         try:

@@ -98,14 +98,21 @@ class RoundsConfig:
 class ServerSection:
     address: str = "127.0.0.1:8470"
     federation_id: str = "fedguard"
-    # Shared join secret; empty accepts any client.
+    # Shared join secret; empty accepts any client. Never written to the run dir or printed (redacted); prefer
+    # token_file (or FEDGUARD_TOKEN) so the secret is not on a command line either.
     token: str = ""
+    token_file: str = ""
     run_dir: str = "runs/latest"
     chunk_bytes: int = 1 << 20
     # gRPC per-message ceiling (each chunk is one message).
     max_message_bytes: int = 8 << 20
     # Ceiling on one update's announced tensor bytes.
     max_update_bytes: int = 2 << 30
+    # Longest gap between two messages of an update stream: a stalled upload is cancelled and its buffer freed.
+    stream_idle_timeout_s: float = 30.0
+    # Ceiling on the bytes reserved for partial updates across all clients; admission beyond it answers
+    # RESOURCE_EXHAUSTED (the client retries later).
+    max_buffered_bytes: int = 4 << 30
     # Longest server-side wait of a PullTask long-poll.
     long_poll_s: float = 20.0
     heartbeat_interval_s: float = 5.0
@@ -137,6 +144,25 @@ class PersistenceConfig:
 
 
 @dataclass
+class SecurityConfig:
+    """Transport security and client authentication (see docs in fedguard/certs.py and fedguard/signing.py)."""
+
+    # Plaintext gRPC, only with this explicit opt-in (--insecure); a warning is logged at every start.
+    insecure: bool = False
+    # PEM server certificate (chain) and private key: TLS.
+    tls_cert: str = ""
+    tls_key: str = ""
+    # PEM CA certificate(s): clients must present a certificate it signed (mutual TLS); the client id is then
+    # the certificate's identity and a client cannot join, pull or push as another id.
+    client_ca: str = ""
+    # Enrollment file of per-client Ed25519 public keys (fedguard-certs keygen --enroll): every request must be
+    # signed by the key enrolled for its client id (works with or without mutual TLS).
+    client_keys: str = ""
+    # Accepted clock difference of a signed request, and how long its nonce is remembered.
+    replay_window_s: float = 60.0
+
+
+@dataclass
 class ServerConfig:
     server: ServerSection = field(default_factory=ServerSection)
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
@@ -147,6 +173,7 @@ class ServerConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
     nfl: NflConfig = field(default_factory=NflConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> ServerConfig:
         validate_server_config(self)
@@ -185,6 +212,19 @@ class ClientConfig:
     # Stable identity; empty derives one from the state dir or a random id.
     client_id: str = ""
     token: str = ""
+    # A file holding the join secret (or set FEDGUARD_TOKEN): keeps it off the command line.
+    token_file: str = ""
+    # Plaintext gRPC, only with this explicit opt-in (--insecure); a warning is logged.
+    insecure: bool = False
+    # PEM CA certificate(s) that signed the server's certificate; empty uses the system's trusted roots.
+    ca_cert: str = ""
+    # PEM client certificate and key, for a server that requires mutual TLS.
+    cert: str = ""
+    key: str = ""
+    # Name to check the server's certificate against when it differs from the host in ``server``.
+    server_name: str = ""
+    # Ed25519 private key (fedguard-certs keygen) that signs every request, for a server with enrolled keys.
+    signing_key: str = ""
     # Where the client keeps its identity and private state across restarts; empty keeps nothing.
     state_dir: str = ""
     # Longest wait the client asks the server to hold a PullTask.
@@ -204,6 +244,13 @@ class ClientConfig:
     opt_out: bool = False
     # Simulation: seconds of extra delay before pushing each update.
     straggler_delay_s: float = 0.0
+    # The client's own data: a registered dataset name (then the server's dataset and options are not used) ...
+    dataset: str = ""
+    # ... and the client's own dataset options: paths, data_dir, source, cache_dir, download. Without ``dataset``
+    # they are merged over the partition options the server announces (which can never set these).
+    data_options: dict[str, Any] = field(default_factory=dict)
+    # Refuse an announced model with more tensor bytes than this (checked before anything is allocated).
+    max_model_bytes: int = 4 << 30
     # Simulation: index of the client's shard when the server's dataset is used; -1 uses the server's.
     data_index: int = -1
     # Train a stand-alone private model for this many epochs before joining and report its test accuracy
@@ -243,6 +290,10 @@ def validate_server_config(c: ServerConfig) -> None:
     _check(s.heartbeat_patience_s > s.heartbeat_interval_s, "server.heartbeat_patience_s",
            f"must exceed heartbeat_interval_s ({s.heartbeat_interval_s}), got {s.heartbeat_patience_s}")
     _check(s.log_level in _LOG_LEVELS, "server.log_level", f"one of {sorted(_LOG_LEVELS)}, got {s.log_level!r}")
+    _check(s.stream_idle_timeout_s > 0, "server.stream_idle_timeout_s",
+           f"must be > 0, got {s.stream_idle_timeout_s}")
+    _check(s.max_buffered_bytes > 0, "server.max_buffered_bytes", f"must be > 0, got {s.max_buffered_bytes}")
+    _check_token(s.token, s.token_file, "server.token")
     _check(r.num_rounds >= 1, "rounds.num_rounds", f"must be >= 1, got {r.num_rounds}")
     _check(r.clients_per_round >= 1, "rounds.clients_per_round", f"must be >= 1, got {r.clients_per_round}")
     _check(r.over_select >= 1.0, "rounds.over_select", f"must be >= 1.0, got {r.over_select}")
@@ -266,6 +317,18 @@ def validate_server_config(c: ServerConfig) -> None:
     except ValueError as e:
         raise _aggregation_error(e) from None
     c.nfl.validate("nfl")
+    sec = c.security
+    if not sec.insecure:
+        _check(bool(sec.tls_cert and sec.tls_key), "security.tls_cert",
+               "TLS needs a certificate and its key (security.tls_cert, security.tls_key; --tls-cert, "
+               "--tls-key; make them with fedguard-certs); for plaintext set security.insecure = true "
+               "(--insecure)")
+    _check(bool(sec.tls_cert) == bool(sec.tls_key), "security.tls_key", "tls_cert and tls_key go together")
+    _check(not (sec.client_ca and sec.insecure), "security.client_ca", "mutual TLS needs TLS: not with insecure")
+    for name in ("tls_cert", "tls_key", "client_ca", "client_keys"):
+        _check_file(getattr(sec, name), f"security.{name}")
+    _check(math.isfinite(sec.replay_window_s) and sec.replay_window_s > 0, "security.replay_window_s",
+           f"must be > 0, got {sec.replay_window_s}")
 
 
 def effective_aggregation(c: ServerConfig) -> AggregationConfig:
@@ -321,6 +384,17 @@ def validate_client_config(c: ClientConfig) -> None:
         message = str(e).partition(": ")[2]
         raise ConfigError("trainer_options" if e.field == "trainer" else f"trainer_options.{e.field}",
                           message) from None
+    _check(c.max_model_bytes > 0, "max_model_bytes", f"must be > 0, got {c.max_model_bytes}")
+    _check_token(c.token, c.token_file, "token")
+    _check(not (c.insecure and (c.ca_cert or c.cert or c.key)), "insecure",
+           "plaintext (insecure) contradicts ca_cert/cert/key")
+    _check(bool(c.cert) == bool(c.key), "key", "cert and key go together")
+    for name in ("ca_cert", "cert", "key", "signing_key"):
+        _check_file(getattr(c, name), name)
+    if c.dataset:
+        from fedcore.data import available_datasets
+        _check(c.dataset in available_datasets(), "dataset",
+               f"unknown dataset {c.dataset!r}; known: {', '.join(available_datasets())}")
     _check(c.straggler_delay_s >= 0, "straggler_delay_s", f"must be >= 0, got {c.straggler_delay_s}")
     _check(c.torch_threads >= 0, "torch_threads", f"must be >= 0, got {c.torch_threads}")
     _check(c.private_epochs >= 0, "private_epochs", f"must be >= 0, got {c.private_epochs}")
@@ -329,6 +403,49 @@ def validate_client_config(c: ClientConfig) -> None:
 
 
 _LOG_LEVELS = {"debug", "info", "warning", "error"}
+
+
+def _check_file(path: str, field_path: str) -> None:
+    _check(not path or Path(path).is_file(), field_path, f"no such file: {path}")
+
+
+def _check_token(token: str, token_file: str, field_path: str) -> None:
+    _check(not (token and token_file), field_path, "give the token or a token_file, not both")
+    _check_file(token_file, f"{field_path}_file")
+    _check(len(token) <= MAX_TOKEN, field_path, f"at most {MAX_TOKEN} characters")
+
+
+MAX_TOKEN = 256
+TOKEN_ENV = "FEDGUARD_TOKEN"
+
+
+def secret_token(token: str, token_file: str) -> str:
+    """The join secret: ``token``, else the first line of ``token_file`` (an empty string: none)."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise ConfigError("token_file", f"cannot read: {e.strerror}") from None
+        _check(len(token) <= MAX_TOKEN, "token_file", f"the token must be at most {MAX_TOKEN} characters")
+    return token
+
+
+# Configuration fields that hold secrets: never written to a run dir, printed or logged.
+SECRET_FIELDS = ("server.token", "token")
+REDACTED = "<redacted>"
+
+
+def redacted(config: Any) -> dict[str, Any]:
+    """``to_dict(config)`` with every secret field replaced by ``<redacted>`` (left empty when unset)."""
+    d = to_dict(config)
+    for path in SECRET_FIELDS:
+        *parents, leaf = path.split(".")
+        node: Any = d
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(leaf):
+            node[leaf] = REDACTED
+    return d
 
 
 def _check_device(device: str, path: str) -> None:

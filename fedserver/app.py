@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 
-from fedcore.config import ServerConfig
+from fedcore.config import ConfigError, ServerConfig
+from fedcore.log import get_logger
 from fedcore.report import FederationStatus
 from fedserver.coordinator import Coordinator
-from fedserver.servicer import add_to_server, set_serving
+from fedserver.servicer import FederationServicer, add_to_server, set_serving
 
 
 def grpc_options(config: ServerConfig) -> list[tuple[str, Any]]:
@@ -26,7 +28,34 @@ def grpc_options(config: ServerConfig) -> list[tuple[str, Any]]:
     ]
 
 
-async def serve(config: ServerConfig, ready: Callable[[int, Coordinator], None] | None = None,
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials:
+    sec = config.security
+    try:
+        cert, key = Path(sec.tls_cert).read_bytes(), Path(sec.tls_key).read_bytes()
+        ca = Path(sec.client_ca).read_bytes() if sec.client_ca else None
+    except OSError as e:
+        raise ConfigError("security.tls_cert", f"cannot read {e.filename}: {e.strerror}") from None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def listen(server: grpc.aio.Server, config: ServerConfig) -> int:
+    """Bind the configured address: TLS (mutual with ``security.client_ca``), or plaintext only when
+    ``security.insecure`` opts in, with a loud warning."""
+    address = config.server.address
+    if config.security.insecure:
+        get_logger("fedserver").warning(
+            "security.insecure", address=address,
+            warning="PLAINTEXT gRPC: anyone on the network path can read and alter models and updates and play "
+                    "this server or its clients. Use --tls-cert/--tls-key (fedguard-certs makes them).")
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, server_credentials(config))
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    return int(port)
+
+
+async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, FederationServicer], None] | None = None,
                 stop: asyncio.Event | None = None, linger_s: float = 2.0, fresh: bool = False) -> FederationStatus:
     """Run the federation to its end (or until ``stop`` is set); returns the final status.
 
@@ -38,15 +67,16 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator], None] 
     coord = Coordinator(config)
     coord.open(fresh)
     server = grpc.aio.server(options=grpc_options(config))
-    health = add_to_server(server, coord)
-    port = server.add_insecure_port(config.server.address)
-    if port == 0:
-        raise OSError(f"cannot listen on {config.server.address}")
+    servicer, health = add_to_server(server, coord)
+    port = listen(server, config)
     await server.start()
     await set_serving(health, True)
-    coord.log.info("server.listening", address=config.server.address, port=port)
+    sec = config.security
+    transport = "plaintext" if sec.insecure else ("mutual-tls" if sec.client_ca else "tls")
+    coord.log.info("server.listening", address=config.server.address, port=port, transport=transport,
+                   signed_requests=bool(sec.client_keys))
     if ready is not None:
-        ready(port, coord)
+        ready(port, coord, servicer)
     run = asyncio.ensure_future(coord.run())
     stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
     try:
@@ -82,6 +112,8 @@ class ServerThread:
         self.fresh = fresh
         self.port = 0
         self.coordinator: Coordinator | None = None
+        # The request gate (authentication, bounds, stream limits): tests and benchmarks read its counters.
+        self.servicer: FederationServicer | None = None
         self.result: FederationStatus | None = None
         self.error: BaseException | None = None
         self._ready = threading.Event()
@@ -94,8 +126,8 @@ class ServerThread:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
 
-            def on_ready(port: int, coord: Coordinator) -> None:
-                self.port, self.coordinator = port, coord
+            def on_ready(port: int, coord: Coordinator, servicer: FederationServicer) -> None:
+                self.port, self.coordinator, self.servicer = port, coord, servicer
                 self._ready.set()
 
             self.result = await serve(self.config, on_ready, self._stop, self.linger_s, self.fresh)

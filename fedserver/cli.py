@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from typing import Any
 
-from fedcore.config import ConfigError, ServerConfig, build_config, parse_override, to_dict
+from fedcore.config import TOKEN_ENV, ConfigError, ServerConfig, build_config, parse_override, redacted
 from fedcore.log import configure_logging
 from fedcore.report import FederationStatus
 from fedserver.store import StoreError
@@ -33,7 +34,15 @@ from fedserver.store import StoreError
 _FLAGS: dict[str, tuple[str, Any, str]] = {
     "address": ("server.address", str, "host:port to listen on (port 0 picks a free one)"),
     "run_dir": ("server.run_dir", str, "directory for the final model, rounds.jsonl and config.json"),
-    "token": ("server.token", str, "shared join secret clients must present"),
+    "token": ("server.token", str, "shared join secret clients must present (visible in ps: prefer --token-file "
+                                   "or FEDGUARD_TOKEN)"),
+    "token_file": ("server.token_file", str, "file holding the join secret"),
+    "tls_cert": ("security.tls_cert", str, "PEM server certificate (fedguard-certs server)"),
+    "tls_key": ("security.tls_key", str, "PEM key of the server certificate"),
+    "client_ca": ("security.client_ca", str, "mutual TLS: PEM CA that signed the client certificates; the client "
+                                            "id is the certificate's"),
+    "client_keys": ("security.client_keys", str, "enrollment file of client Ed25519 keys (fedguard-certs keygen "
+                                                "--enroll): every request must be signed"),
     "rounds": ("rounds.num_rounds", int, "number of rounds R"),
     "clients_per_round": ("rounds.clients_per_round", int, "K: updates that close a round"),
     "min_updates": ("rounds.min_updates", int, "updates that suffice at the deadline (0 = K)"),
@@ -75,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fresh", action="store_true",
                     help="start a new federation even if RUN_DIR holds one; the old state is moved to "
                          "RUN_DIR/previous/<time>/, never deleted")
-    ap.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
+    ap.add_argument("--insecure", action="store_true", default=None,
+                    help="serve plaintext gRPC (no TLS): only on a network you trust [security.insecure]")
+    ap.add_argument("--print-config", action="store_true",
+                    help="print the effective configuration (secrets redacted) and exit")
     return ap
 
 
@@ -92,6 +104,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                 overrides.append((path.split("."), json.loads(raw)))
             except json.JSONDecodeError as e:
                 raise ConfigError(path, f"--{flag.replace('_', '-')} is not valid JSON: {e}") from None
+    if args.insecure is not None:
+        overrides.append((["security", "insecure"], True))
+    token = os.environ.get(TOKEN_ENV)
+    if token and args.token is None and args.token_file is None:
+        overrides.append((["server", "token"], token))
     if args.log_json is not None:
         overrides.append((["server", "log_json"], True))
     if args.log_level is not None:
@@ -117,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedserver: configuration error: {e}", file=sys.stderr)
         return 2
     if args.print_config:
-        print(json.dumps(to_dict(config), indent=2))
+        print(json.dumps(redacted(config), indent=2))
         return 0
     configure_logging(json=config.server.log_json, level=config.server.log_level)
     from fedserver.app import serve

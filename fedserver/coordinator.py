@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from fedcore import rounds as rm
-from fedcore.config import ConfigError, ServerConfig, check_aggregation_memory
+from fedcore.config import ConfigError, ServerConfig, check_aggregation_memory, secret_token
 from fedcore.log import get_logger
 from fedcore.models import build_model
 from fedcore.report import FederationStatus, RoundReport
@@ -70,7 +70,7 @@ class Coordinator:
         self.limits = rm.Limits(heartbeat_patience_s=config.server.heartbeat_patience_s)
         self.state = rm.RoundState(phase_since=clock())
         self.history: list[RoundReport] = []
-        self.sessions = Sessions(config.server.token)
+        self.sessions = Sessions(secret_token(config.server.token, config.server.token_file))
         self.nfl = NflMonitor(config.nfl)
         self.dispatch = TaskDispatcher(self.models, config.training, lambda: self.nfl.recovery)
         self.intake = UpdateIntake(config, self.models, lambda: self.state, self.observe, clock,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore import rounds as rm
-from fedcore.config import ConfigError, ServerConfig, to_dict
+from fedcore.config import ConfigError, ServerConfig, redacted
 from fedcore.log import get_logger
 from fedcore.report import RoundReport
 from fedserver import store as store_module
@@ -101,13 +101,13 @@ class Persistence:
             if loaded.skipped:
                 self.log.error("state.no_good_snapshot", run_dir=str(self.run_dir),
                                reason="every snapshot failed verification; starting a new federation")
-            self.store.put_meta("config", to_dict(self.config))
+            self.store.put_meta("config", redacted(self.config))
             self._write_config()
             (self.run_dir / "rounds.jsonl").touch()
             self.snapshot(rm.RoundState(phase_since=now), [], 0)  # round 0: the initial model
             return None
         stored = self.store.get_meta("config") or {}
-        check_identity(stored, json.loads(json.dumps(to_dict(self.config))))
+        check_identity(stored, json.loads(json.dumps(redacted(self.config))))
         for model_id, tensors in snap.models.items():
             self.models.put(model_id, tensors)
         for name, value in snap.state.get("slots", {}).items():
@@ -125,7 +125,7 @@ class Persistence:
         return Restored(state, history, snap.completed_rounds)
 
     def _write_config(self) -> None:
-        (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
+        (self.run_dir / "config.json").write_text(json.dumps(redacted(self.config), indent=2))
 
     def _append_missing_rows(self, history: list[RoundReport]) -> None:
         """Rounds the store has but ``rounds.jsonl`` lacks (a crash between the commit and the append)."""

@@ -1,27 +1,74 @@
-"""gRPC servicer: protobuf in, coordinator calls, protobuf out. No federation logic lives here."""
+"""gRPC servicer: protobuf in, coordinator calls, protobuf out. No federation logic lives here.
+
+Every request passes the same gate before the coordinator sees it: a message that does not decode is answered
+``INVALID_ARGUMENT`` (the handlers get the raw bytes, see :func:`_decoder`), its fields are bounded
+(:mod:`fedserver.bounds`), the caller is authenticated and held to its identity (:mod:`fedserver.auth`), and
+streams are bounded in concurrency, buffered bytes and idle time (:mod:`fedserver.limits`). Every refusal is
+answered with its reason and logged as ``rpc.refused``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fedcore.config import FederationInfo
+from fedcore.identity import shorten
 from fedcore.serialization import Reassembler, SerializationError
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
-from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
+from fedserver import bounds
+from fedserver.auth import Authenticator
 from fedserver.coordinator import Coordinator, ProtocolError, Task
+from fedserver.limits import StreamLimits
 
 SERVICE_NAME = "fedguard.v1.Federation"
 
 
-class FederationServicer(pb_grpc.FederationServicer):
+def method_path(name: str) -> str:
+    return f"/{SERVICE_NAME}/{name}"
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A request as received: the decoded message (None if it did not decode) and its exact bytes."""
+
+    message: Any
+    raw: bytes
+    error: str = ""
+
+
+def _decoder(cls: Any) -> Callable[[bytes], Incoming]:
+    def decode(data: bytes) -> Incoming:
+        try:
+            return Incoming(cls.FromString(data), data)
+        except Exception as e:  # DecodeError, or anything else a hostile buffer provokes in the parser
+            return Incoming(None, data, f"undecodable {cls.__name__} ({len(data)} bytes): {str(e)[:120]}")
+
+    return decode
+
+
+def _message(item: Incoming) -> Any:
+    if item.message is None:
+        raise ProtocolError("INVALID_ARGUMENT", item.error)
+    return item.message
+
+
+class FederationServicer:
     def __init__(self, coordinator: Coordinator) -> None:
         self.coord = coordinator
         cfg = coordinator.config
+        self.auth = Authenticator(cfg.security)
+        self.limits = StreamLimits(cfg.server.max_buffered_bytes)
+        self.idle_s = cfg.server.stream_idle_timeout_s
+        self.log = coordinator.log
+        self.refused = 0
         self._join_config = wire.federation_to_pb(FederationInfo(
             federation_id=cfg.server.federation_id, model_name=cfg.model.name, model_kwargs=cfg.model.kwargs,
             model_fingerprint=coordinator.fingerprint, model_spec=tuple(coordinator.manifest),
@@ -29,24 +76,41 @@ class FederationServicer(pb_grpc.FederationServicer):
             num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed, nfl_mode=cfg.nfl.mode,
             chunk_bytes=cfg.server.chunk_bytes, nfl_nr=cfg.nfl.nr, nfl_c=cfg.nfl.c))
 
-    async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
-        caps = request.capabilities
+    async def _refuse(self, context: grpc.aio.ServicerContext, method: str, e: ProtocolError) -> Any:
+        self.refused += 1
+        self.log.warning("rpc.refused", method=method, code=e.code, reason=shorten(e.message, 300),
+                         peer=shorten(context.peer() or "", 64))
+        await context.abort(getattr(grpc.StatusCode, e.code), e.message)
+
+    def _session_of(self, identity: str | None, session: str) -> str:
+        cid = self.coord.client_of(session)
+        self.auth.require(identity, cid, "this session")
+        return cid
+
+    async def Join(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.JoinReply:
         try:
+            request = _message(item)
+            bounds.check_join(request)
+            identity = self.auth.identify(method_path("Join"), context, item.raw)
+            self.auth.require(identity, request.client_id, "client_id")
+            caps = request.capabilities
             res = self.coord.join(request.client_id, request.token, int(caps.num_train_samples), caps.opt_out,
                                   caps.attacker, request.model_fingerprint)
         except ProtocolError as e:
-            await _abort(context, e)
+            await self._refuse(context, "Join", e)
         return pb.JoinReply(session_id=res.session_id, config=self._join_config,
                             heartbeat_interval_s=self.coord.config.server.heartbeat_interval_s,
                             client_index=res.client_index)
 
-    async def PullTask(self, request: pb.PullTaskRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[
-        pb.TaskMessage
-    ]:
+    async def PullTask(self, item: Incoming, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TaskMessage]:
         try:
-            res = await self.coord.pull(request.session_id, request.max_wait_s)
+            request = _message(item)
+            bounds.check_pull(request)
+            self._session_of(self.auth.identify(method_path("PullTask"), context, item.raw), request.session_id)
+            with self.limits.pull(request.session_id):
+                res = await self.coord.pull(request.session_id, request.max_wait_s)
         except ProtocolError as e:
-            await _abort(context, e)
+            await self._refuse(context, "PullTask", e)
         if not isinstance(res, Task):
             yield pb.TaskMessage(wait=pb.Wait(retry_after_s=res.retry_after_s, finished=res.finished,
                                               reason=res.reason))
@@ -58,64 +122,123 @@ class FederationServicer(pb_grpc.FederationServicer):
         for frame in wire.chunk_frames(res.payload, pb.TaskMessage, self.coord.config.server.chunk_bytes):
             yield frame
 
-    async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateMessage],
-                         context: grpc.aio.ServicerContext) -> pb.PushReply:
-        ticket = None
+    async def _next(self, it: AsyncIterator[Incoming], session: str) -> Incoming | None:
+        """The stream's next message; a stream idle for ``stream_idle_timeout_s`` is cancelled."""
         try:
-            first = await anext(aiter(request_iterator), None)
-            if first is None or first.WhichOneof("kind") != "header":
+            return await asyncio.wait_for(anext(it, None), self.idle_s)
+        except asyncio.TimeoutError:
+            self.log.warning("update.stalled", session=session[:8], idle_s=self.idle_s,
+                             reason="no message within stream_idle_timeout_s: upload cancelled, buffer freed")
+            raise ProtocolError("DEADLINE_EXCEEDED", f"update stream idle for {self.idle_s:g} s; its partial "
+                                                     "data was dropped, send the update again") from None
+
+    async def PushUpdate(self, request_iterator: AsyncIterator[Incoming],
+                         context: grpc.aio.ServicerContext) -> pb.PushReply:
+        it = aiter(request_iterator)
+        try:
+            first = await self._next(it, "")
+            if first is None:
                 raise ProtocolError("INVALID_ARGUMENT", "an update stream must start with its header")
-            h = first.header
+            msg = _message(first)
+            if msg.WhichOneof("kind") != "header":
+                raise ProtocolError("INVALID_ARGUMENT", "an update stream must start with its header")
+            h = msg.header
+            bounds.check_session(h.session_id)
+            identity = self.auth.identify(method_path("PushUpdate"), context, first.raw)
+            self._session_of(identity, h.session_id)
+            # From here on the sender is known: a refusal is recorded against its update for the round.
             try:
+                bounds.check_update_header(h)
+                if self.auth.signed and not h.payload_sha256:
+                    raise ProtocolError("INVALID_ARGUMENT", "a signed update must carry payload_sha256")
                 manifest = wire.metas_from_pb(h.tensors)
             except SerializationError as e:
                 self.coord.reject_header(h.session_id, int(h.round), "INVALID_ARGUMENT", str(e))
+            except ProtocolError as e:
+                self.coord.reject_header(h.session_id, int(h.round), e.code, e.message)
             kind = h.kind if h.kind != pb.UPDATE_KIND_UNSPECIFIED else pb.WEIGHTS
+            # Admission first (it refuses an update over max_update_bytes and records it), then the reservation.
             ticket = self.coord.begin_update(
                 h.session_id, int(h.round), int(h.num_samples), kind == pb.DELTA, h.train_loss,
                 h.beta_hat if h.HasField("beta_hat") else None, dict(h.metrics), manifest, int(h.total_bytes))
-            try:
-                asm = Reassembler(manifest, int(h.total_bytes), self.coord.config.server.max_update_bytes)
-                async for msg in request_iterator:
-                    if msg.WhichOneof("kind") != "chunk":
-                        raise SerializationError("a second header inside one update stream")
-                    asm.feed(int(msg.chunk.offset), msg.chunk.data)
-                tensors = asm.finish()
-            except SerializationError as e:
-                self.coord.reject_ticket(ticket, "INVALID_ARGUMENT", str(e))
-            self.coord.submit_update(ticket, tensors)
+            with self.limits.upload(h.session_id, int(h.total_bytes)):
+                digest = hashlib.sha256() if h.payload_sha256 else None
+                try:
+                    asm = Reassembler(manifest, int(h.total_bytes), self.coord.config.server.max_update_bytes)
+                    while (item := await self._next(it, h.session_id)) is not None:
+                        part = _message(item)
+                        if part.WhichOneof("kind") != "chunk":
+                            raise SerializationError("a second header inside one update stream")
+                        asm.feed(int(part.chunk.offset), part.chunk.data)
+                        if digest is not None:
+                            digest.update(part.chunk.data)
+                    tensors = asm.finish()
+                except SerializationError as e:
+                    self.coord.reject_ticket(ticket, "INVALID_ARGUMENT", str(e))
+                if digest is not None and digest.digest() != h.payload_sha256:
+                    self.coord.reject_ticket(ticket, "INVALID_ARGUMENT",
+                                             "the tensor bytes do not match the header's payload_sha256")
+                self.coord.submit_update(ticket, tensors)
         except ProtocolError as e:
-            await _abort(context, e)
+            await self._refuse(context, "PushUpdate", e)
         return pb.PushReply(accepted=True)
 
-    async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:
+    async def Heartbeat(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:
         try:
+            request = _message(item)
+            bounds.check_heartbeat(request)
+            self._session_of(self.auth.identify(method_path("Heartbeat"), context, item.raw), request.session_id)
             self.coord.touch(request.session_id)
         except ProtocolError as e:
-            await _abort(context, e)
+            await self._refuse(context, "Heartbeat", e)
         return pb.HeartbeatReply(round=self.coord.state.round, finished=self.coord.finished)
 
-    async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext) -> pb.LeaveReply:
+    async def Leave(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.LeaveReply:
         try:
+            request = _message(item)
+            bounds.check_leave(request)
+            self._session_of(self.auth.identify(method_path("Leave"), context, item.raw), request.session_id)
             self.coord.leave(request.session_id, request.reason)
         except ProtocolError as e:
-            await _abort(context, e)
+            await self._refuse(context, "Leave", e)
         return pb.LeaveReply()
 
-    async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
+    async def GetStatus(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.StatusReply:
+        try:
+            _message(item)
+        except ProtocolError as e:
+            await self._refuse(context, "GetStatus", e)
         return wire.status_to_pb(self.coord.status())
 
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        ser = {name: getattr(pb, name).SerializeToString for name in (
+            "JoinReply", "TaskMessage", "PushReply", "HeartbeatReply", "LeaveReply", "StatusReply")}
+        return {
+            "Join": grpc.unary_unary_rpc_method_handler(self.Join, _decoder(pb.JoinRequest), ser["JoinReply"]),
+            "PullTask": grpc.unary_stream_rpc_method_handler(self.PullTask, _decoder(pb.PullTaskRequest),
+                                                             ser["TaskMessage"]),
+            "PushUpdate": grpc.stream_unary_rpc_method_handler(self.PushUpdate, _decoder(pb.UpdateMessage),
+                                                               ser["PushReply"]),
+            "Heartbeat": grpc.unary_unary_rpc_method_handler(self.Heartbeat, _decoder(pb.HeartbeatRequest),
+                                                             ser["HeartbeatReply"]),
+            "Leave": grpc.unary_unary_rpc_method_handler(self.Leave, _decoder(pb.LeaveRequest), ser["LeaveReply"]),
+            "GetStatus": grpc.unary_unary_rpc_method_handler(self.GetStatus, _decoder(pb.StatusRequest),
+                                                             ser["StatusReply"]),
+        }
 
-async def _abort(context: grpc.aio.ServicerContext, e: ProtocolError) -> Any:
-    await context.abort(getattr(grpc.StatusCode, e.code), e.message)
 
-
-def add_to_server(server: grpc.aio.Server, coordinator: Coordinator) -> health.aio.HealthServicer:
+def add_to_server(server: grpc.aio.Server, coordinator: Coordinator) -> tuple[
+    FederationServicer, health.aio.HealthServicer
+]:
     """Register the federation service and the standard gRPC health service on ``server``."""
-    pb_grpc.add_FederationServicer_to_server(FederationServicer(coordinator), server)  # type: ignore[no-untyped-call]
+    servicer = FederationServicer(coordinator)
+    handlers = servicer.handlers()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    if hasattr(server, "add_registered_method_handlers"):
+        server.add_registered_method_handlers(SERVICE_NAME, handlers)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    return health_servicer
+    return servicer, health_servicer
 
 
 async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:

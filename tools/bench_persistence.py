@@ -174,7 +174,7 @@ def run_trial(model: str, mode: str, rounds: int, args: argparse.Namespace, seed
             (["server", "log_level"], "warning"), (["rounds", "num_rounds"], total),
             (["rounds", "clients_per_round"], args.k), (["model", "name"], model), (["data", "dataset"], dataset),
             (["data", "options"], options), (["persistence", "enabled"], mode != "off"),
-            (["persistence", "fsync"], args.fsync)]
+            (["persistence", "fsync"], args.fsync), (["security", "insecure"], True)]
         config = build_config(ServerConfig, None, overrides)
         srv = ServerThread(config, linger_s=0.5).start()
         done: list[tuple[int, float, float]] = []
@@ -200,7 +200,7 @@ def run_trial(model: str, mode: str, rounds: int, args: argparse.Namespace, seed
             coord.subscribe(lambda r: done.append((r.round, time.perf_counter(), r.seconds)))
 
         srv.call(hook)  # on the server's loop, before any client exists: no round can complete first
-        clients = [FedClient(ClientConfig(server=srv.address, client_id=f"client-{i}", data_index=i,
+        clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
                                           trainer="noop", long_poll_s=5.0, torch_threads=1)).start()
                    for i in range(args.k)]
         status = srv.wait(300)
@@ -370,18 +370,18 @@ def bench_restart(args: argparse.Namespace) -> None:
         run_dir = Path(tmp) / "run"
         server_cmd = [py, "-m", "fedserver", "--address", address, "--run-dir", str(run_dir), "--rounds", "100000",
                       "-k", str(args.k), "--model", "mlp", "--dataset", "synthetic", "--log-json", "--log-level",
-                      "info", "--linger", "0.5"]
+                      "info", "--linger", "0.5", "--insecure"]
         if args.fsync:
             server_cmd += ["--set", "persistence.fsync=true"]
         if args.processes:
             client_cmds = [[py, "-m", "fedclient", "--server", address, "--client-id", f"client-{i:05d}",
                             "--data-index", str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level",
                             "warning", "--set", f"backoff_initial_s={args.backoff_initial}",
-                            "--set", f"backoff_max_s={args.backoff_max}"] for i in range(args.k)]
+                            "--set", f"backoff_max_s={args.backoff_max}", "--insecure"] for i in range(args.k)]
             backoff = f"initial {args.backoff_initial} s, max {args.backoff_max} s"
         else:
             client_cmds = [[py, "-m", "tools.launch", "worker", "--server", address, "--first", "0", "--count",
-                            str(args.k), "--trainer", "noop", "--backoff-max", str(args.backoff_max)]]
+                            str(args.k), "--trainer", "noop", "--backoff-max", str(args.backoff_max), "--insecure"]]
             backoff = f"initial 0.2 s (ClientConfig default), max {args.backoff_max} s"
         print(f"restart: fedserver (mlp, synthetic, K = {args.k}, persistence.fsync="
               f"{'on' if args.fsync else 'off'}) + {args.k} no-op clients "

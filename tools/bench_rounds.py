@@ -88,14 +88,14 @@ def main() -> int:
         server = subprocess.Popen(
             [py, "-m", "fedserver", "--address", address, "--rounds", str(total), "-k", str(args.k),
              "--run-dir", str(run_dir), "--log-json", "--log-level", "info", "--linger", "0.5",
-             "--model-kwargs", json.dumps({"hidden": args.hidden})],
+             "--model-kwargs", json.dumps({"hidden": args.hidden}), "--insecure"],
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
         if args.virtual:
             cmds = [[py, "-m", "tools.launch", "worker", "--server", address, "--first", "0", "--count",
-                     str(args.k), "--trainer", "noop"]]
+                     str(args.k), "--trainer", "noop", "--insecure"]]
         else:
             cmds = [[py, "-m", "fedclient", "--server", address, "--client-id", f"bench-{i}", "--data-index",
-                     str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning"]
+                     str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure"]
                     for i in range(args.k)]
         clients = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for c in cmds]
         (rc, server_rss, server_anon), *client_res = wait_all([server, *clients], 600)

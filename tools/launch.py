@@ -10,6 +10,12 @@ own options (``clients``, ``virtual``, ``procs``, ``attackers`` = fraction of at
 an attack table, ``private_epochs``, ``device`` = where clients train); command-line flags win over it.
 Attackers are a seeded random subset of the client indices.
 
+Transport: mutual TLS by default. The launcher makes a throw-away CA, a server certificate for 127.0.0.1 and one
+certificate per client in a private temporary directory (deleted when it exits); ``--tls-dir DIR`` uses
+certificates made with ``fedguard-certs`` instead (``ca.pem``, ``server.pem``/``server.key``,
+``clients/<client-id>.pem``/``.key`` and ``clients/launcher.pem``/``.key`` for the status view), and
+``--insecure`` runs plaintext gRPC.
+
 Every client is a real gRPC client with its own channel; in ``--virtual`` mode each process hosts many of
 them as threads, each with its own shard (so a thousand clients fit on a small machine). Server options
 not covered by a flag go through ``--server-set section.key=value``. Logs land in the run directory
@@ -23,9 +29,11 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +107,51 @@ def split_experiment(path: str, run_dir: Path) -> tuple[dict[str, Any], Path]:
     return dict(launch), server_part
 
 
+def client_id(index: int) -> str:
+    return f"client-{index:05d}"
+
+
+STATUS_CLIENT = "launcher"
+
+
+def make_tls_dir(client_ids: list[str], directory: Path | None = None, days: int = 2) -> Path:
+    """A CA, a server certificate for 127.0.0.1/localhost and a certificate per client (plus the launcher's own,
+    for its status view), in the layout ``--tls-dir`` reads. Keys are written 0600 in a 0700 directory."""
+    from fedguard.certs import issue_client_cert, issue_server_cert, make_ca, write_ca, write_private, write_public
+
+    d = directory or Path(tempfile.mkdtemp(prefix="fedguard-tls-"))
+    ca = make_ca("fedguard launcher CA", days=days)
+    write_ca(d, ca)
+    server = issue_server_cert(ca, ["127.0.0.1", "localhost"], days=days)
+    write_public(d / "server.pem", server.cert_pem)
+    write_private(d / "server.key", server.key_pem)
+    for cid in [*client_ids, STATUS_CLIENT]:
+        c = issue_client_cert(ca, cid, days=days)
+        write_public(d / "clients" / f"{cid}.pem", c.cert_pem)
+        write_private(d / "clients" / f"{cid}.key", c.key_pem)
+    return d
+
+
+def server_tls_flags(tls_dir: Path | None) -> list[str]:
+    if tls_dir is None:
+        return ["--insecure"]
+    return ["--tls-cert", str(tls_dir / "server.pem"), "--tls-key", str(tls_dir / "server.key"),
+            "--client-ca", str(tls_dir / "ca.pem")]
+
+
+def client_tls_options(tls_dir: Path | None, cid: str) -> dict[str, Any]:
+    """ClientConfig fields of client ``cid`` (its certificate in ``tls_dir``), or plaintext without one."""
+    if tls_dir is None:
+        return {"insecure": True}
+    return {"ca_cert": str(tls_dir / "ca.pem"), "cert": str(tls_dir / "clients" / f"{cid}.pem"),
+            "key": str(tls_dir / "clients" / f"{cid}.key")}
+
+
+def client_tls_flags(tls_dir: Path | None, cid: str) -> list[str]:
+    return [item for k, v in client_tls_options(tls_dir, cid).items()
+            for item in (f"--{k.replace('_', '-')}",) + (() if v is True else (str(v),))]
+
+
 @dataclass
 class Launch:
     server: subprocess.Popen[bytes]
@@ -115,7 +168,7 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     py = sys.executable
     server_cmd = [py, "-m", "fedserver", "--address", address, "--run-dir", str(run_dir), "--log-json",
-                  "--linger", "30"]
+                  "--linger", "30", *server_tls_flags(args.tls_dir)]
     for flag, value in (("--rounds", args.rounds), ("-k", args.k), ("--seed", args.seed)):
         if value is not None:
             server_cmd += [flag, str(value)]
@@ -158,11 +211,13 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
                    "--private-epochs", str(args.private_epochs), "--attackers", ",".join(map(str, mine)),
                    "--holdouts", ",".join(map(str, held)), "--attack-json", json.dumps(args.attack),
                    "--device", args.device]
+            cmd += ["--tls-dir", str(args.tls_dir)] if args.tls_dir is not None else ["--insecure"]
         else:
-            cmd = [py, "-m", "fedclient", "--server", address, "--client-id", f"client-{first:05d}",
+            cmd = [py, "-m", "fedclient", "--server", address, "--client-id", client_id(first),
                    "--data-index", str(first), "--trainer", args.trainer, "--straggler-delay",
                    str(args.straggler_delay), "--torch-threads", "1", "--log-json", "--log-level", "warning",
-                   "--private-epochs", str(args.private_epochs), "--device", args.device]
+                   "--private-epochs", str(args.private_epochs), "--device", args.device,
+                   *client_tls_flags(args.tls_dir, client_id(first))]
             if first in args.attacker_ids:
                 cmd += [item for k, v in args.attack.items() for item in ("--set", f"attack.{k}={toml_literal(v)}")]
             if first in args.holdout_ids:
@@ -183,15 +238,18 @@ def _jsonl_rows(run_dir: Path, after: int) -> list[RoundReport]:
     return rows
 
 
-def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = sys.stdout) -> int:
+def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = sys.stdout,
+          tls_dir: Path | None = None) -> int:
     """Print each completed round as the server reports it; returns the server's exit code."""
     import grpc
 
+    from fedclient.transport import open_channel
+    from fedcore.config import ClientConfig
     from fedguard import wire
     from fedguard.v1 import fedguard_pb2 as pb
     from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
 
-    channel = grpc.insecure_channel(launch.address)
+    channel = open_channel(ClientConfig(server=launch.address, **client_tls_options(tls_dir, STATUS_CLIENT)))
     stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
     history: list[RoundReport] = []
     print(format_header(), file=out, flush=True)
@@ -261,12 +319,14 @@ def run_worker(args: argparse.Namespace) -> int:
     attackers = {int(i) for i in args.attackers.split(",") if i}
     holdouts = {int(i) for i in args.holdouts.split(",") if i}
     attack = from_dict(AttackConfig, json.loads(args.attack_json), "attack")
-    clients = [FedClient(ClientConfig(server=args.server, client_id=f"client-{i:05d}", data_index=i,
+    tls_dir = Path(args.tls_dir) if args.tls_dir else None
+    clients = [FedClient(ClientConfig(server=args.server, client_id=client_id(i), data_index=i,
                                       trainer=args.trainer, straggler_delay_s=args.straggler_delay,
                                       opt_out=i in holdouts,
                                       private_epochs=args.private_epochs, device=args.device,
                                       backoff_max_s=args.backoff_max,
-                                      attack=attack if i in attackers else AttackConfig()))
+                                      attack=attack if i in attackers else AttackConfig(),
+                                      **client_tls_options(tls_dir, client_id(i))))
                for i in range(args.first, args.first + args.count)]
     for c in clients:
         c.start()
@@ -313,6 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", help="where clients train: cpu (default), cuda, cuda:N or auto")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--run-dir", default="runs/launch")
+    tls = ap.add_mutually_exclusive_group()
+    tls.add_argument("--tls-dir", type=Path,
+                     help="certificates made with fedguard-certs in the launcher's layout (default: a throw-away "
+                          "CA and certificates, mutual TLS)")
+    tls.add_argument("--insecure", action="store_true", help="plaintext gRPC instead of mutual TLS")
     ap.add_argument("--resume", action="store_true",
                     help="resume the federation in --run-dir (default: start a new one; the server moves the "
                          "old state to RUN_DIR/previous/)")
@@ -343,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         wp.add_argument("--holdouts", default="", help="comma-separated client indices that opt out")
         wp.add_argument("--attack-json", default="{}")
         wp.add_argument("--device", default="cpu")
+        wp.add_argument("--tls-dir", help="certificates in the launcher's layout (mutual TLS)")
+        wp.add_argument("--insecure", action="store_true", help="plaintext gRPC")
         wp.add_argument("--backoff-max", type=float, default=10.0,
                         help="longest wait between reconnection attempts (seconds)")
         return run_worker(wp.parse_args(argv[1:]))
@@ -375,16 +442,28 @@ def main(argv: list[str] | None = None) -> int:
     args.attacker_ids = attacker_indices(args.clients, args.attackers, args.seed or 0)
     args.holdout_ids = holdout_indices(args.clients, args.holdouts, args.seed or 0, args.attacker_ids)
     t0 = time.monotonic()
+    made_tls = None
+    if not args.insecure and args.tls_dir is None:
+        made_tls = args.tls_dir = make_tls_dir([client_id(i) for i in range(args.clients)])
+    try:
+        return _launch(args, run_dir, t0)
+    finally:
+        if made_tls is not None:
+            shutil.rmtree(made_tls, ignore_errors=True)
+
+
+def _launch(args: argparse.Namespace, run_dir: Path, t0: float) -> int:
     launch = start(args, run_dir)
     mode = f"virtual, {len(launch.clients)} processes" if args.virtual else "one process each"
     attack_note = (f", {len(args.attacker_ids)} attackers ({args.attack.get('kind')})" if args.attacker_ids
                    else "")
     if args.holdout_ids:
         attack_note += f", {len(args.holdout_ids)} holdouts"
-    print(f"fedguard: server {launch.address}, {args.clients} clients ({mode}){attack_note}, "
+    transport = "plaintext" if args.tls_dir is None else "mutual TLS"
+    print(f"fedguard: server {launch.address} ({transport}), {args.clients} clients ({mode}){attack_note}, "
           f"{args.rounds or 'configured'} rounds, logs in {run_dir}/", flush=True)
     try:
-        rc = watch(launch, run_dir)
+        rc = watch(launch, run_dir, tls_dir=args.tls_dir)
     except KeyboardInterrupt:
         launch.server.terminate()
         rc = launch.server.wait()

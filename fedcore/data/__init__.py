@@ -1,7 +1,15 @@
 """Federated datasets: each client derives its own shard from (dataset, options, seed, client index)."""
 
 from fedcore.data import synthetic as _synthetic  # noqa: F401  (registers "synthetic")
-from fedcore.data.base import ClientData, DataError, available_datasets, load_client_data, register_dataset
+from fedcore.data.base import (
+    ClientData,
+    DataError,
+    available_datasets,
+    load_client_data,
+    register_dataset,
+    remote_options,
+)
 
-__all__ = ["ClientData", "DataError", "available_datasets", "load_client_data", "register_dataset"]
+__all__ = ["ClientData", "DataError", "available_datasets", "load_client_data", "register_dataset",
+           "remote_options"]
 from fedcore.data import datasets as _datasets  # noqa: F401  (registers the real datasets)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +38,26 @@ class ClientData:
 
 ShardLoader = Callable[..., ClientData]
 _REGISTRY: Registry[ShardLoader] = Registry("dataset", DataError)
+# Per dataset, the options a remote party (the server's announcement) may set: never a path, a download or a
+# file format; the client's own configuration sets those.
+_REMOTE_OPTIONS: dict[str, frozenset[str]] = {}
 
 
-def register_dataset(name: str) -> Callable[[ShardLoader], ShardLoader]:
-    return _REGISTRY.register(name)
+def register_dataset(name: str, remote_options: Collection[str] = ()) -> Callable[[ShardLoader], ShardLoader]:
+    """Register a shard loader; ``remote_options`` are the options a server may announce for it."""
+
+    def deco(loader: ShardLoader) -> ShardLoader:
+        _REGISTRY.add(name, loader)
+        _REMOTE_OPTIONS[name] = frozenset(remote_options)
+        return loader
+
+    return deco
+
+
+def remote_options(dataset: str) -> frozenset[str]:
+    """The options of ``dataset`` a server may announce (:class:`DataError` for an unknown dataset)."""
+    _REGISTRY.get(dataset)
+    return _REMOTE_OPTIONS.get(dataset, frozenset())
 
 
 def available_datasets() -> list[str]:

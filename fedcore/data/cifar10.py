@@ -270,7 +270,7 @@ def cifar10_to_tensor(x: np.ndarray, normalize: bool = True) -> torch.Tensor:
 
 
 @federated_dataset("cifar10", dataset_options=("data_dir", "source", "cache_dir", "download", "pool", "normalize"),
-                   default_partition="iid")
+                   default_partition="iid", remote_options=("pool", "normalize"))
 def cifar10_pool(seed: int, max_samples: int | None = None, data_dir: str | None = None, source: str = "auto",
                  cache_dir: str | None = None, download: bool = False, pool: str = "all",
                  normalize: bool = True) -> Pool:

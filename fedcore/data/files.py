@@ -73,7 +73,8 @@ def npz_to_tensor(x: np.ndarray, x_dtype: str = "auto") -> torch.Tensor:
     raise DataError(f"npz: cannot convert features of dtype {a.dtype} with x_dtype={x_dtype!r}")
 
 
-@federated_dataset("npz", dataset_options=("path", "data_dir", "x_dtype", "num_classes"), default_partition="auto")
+@federated_dataset("npz", dataset_options=("path", "data_dir", "x_dtype", "num_classes"), default_partition="auto",
+                   remote_options=("x_dtype", "num_classes"))
 def npz_pool(seed: int, max_samples: int | None = None, path: str | None = None, data_dir: str | None = None,
              x_dtype: str = "auto", num_classes: int | None = None) -> Pool:
     """Your arrays from an ``.npz`` (x, y, optional client); options ``path``, ``data_dir``, ``x_dtype``,
@@ -125,7 +126,7 @@ def _load_images(root: str, mode: str, image_size: int | None) -> tuple[np.ndarr
 
 
 @federated_dataset("imagefolder", dataset_options=("path", "data_dir", "mode", "image_size", "mean", "std"),
-                   default_partition="iid")
+                   default_partition="iid", remote_options=("mode", "image_size", "mean", "std"))
 def imagefolder_pool(seed: int, max_samples: int | None = None, path: str | None = None,
                      data_dir: str | None = None, mode: str = "RGB", image_size: int | None = None,
                      mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> Pool:

@@ -142,9 +142,12 @@ class _Entry:
 _POOLS: dict[str, _Entry] = {}
 
 
-def federated_dataset(name: str, dataset_options: Collection[str],
-                      default_partition: str = "iid") -> Callable[[PoolBuilder], PoolBuilder]:
+def federated_dataset(name: str, dataset_options: Collection[str], default_partition: str = "iid",
+                      remote_options: Collection[str] = ()) -> Callable[[PoolBuilder], PoolBuilder]:
     """Register ``builder(seed=..., max_samples=..., **dataset_options) -> Pool`` as dataset ``name``.
+
+    ``remote_options``: the dataset options a server may announce (plus every partition option); paths,
+    downloads and file formats are left out so that only the client's own configuration sets them.
 
     The builder receives ``max_samples`` so that it can avoid decoding what will not be used (CIFAR JPEGs);
     a builder that ignores it gets the pool subsampled afterwards by :func:`subsample_pool`.
@@ -157,7 +160,10 @@ def federated_dataset(name: str, dataset_options: Collection[str],
 
         loader.__doc__ = builder.__doc__
         loader.__name__ = f"{name}_shard"
-        register_dataset(name)(loader)
+        unknown = set(remote_options) - set(dataset_options)
+        if unknown:
+            raise ValueError(f"dataset {name!r}: remote options {sorted(unknown)} are not dataset options")
+        register_dataset(name, frozenset(remote_options) | SHARD_OPTION_NAMES)(loader)
         _POOLS[name] = _Entry(builder, frozenset(dataset_options), default_partition)
         return builder
 

@@ -86,7 +86,8 @@ def mnist_to_tensor(x: np.ndarray) -> torch.Tensor:
     return images_to_tensor(x)
 
 
-@federated_dataset("mnist", dataset_options=("data_dir", "download", "pool"), default_partition="iid")
+@federated_dataset("mnist", dataset_options=("data_dir", "download", "pool"), default_partition="iid",
+                   remote_options=("pool",))
 def mnist_pool(seed: int, max_samples: int | None = None, data_dir: str | None = None, download: bool = False,
                pool: str = "all") -> Pool:
     """MNIST (10 classes, [N, 1, 28, 28] float32 in [0, 1]); options ``data_dir``, ``download``, ``pool``."""

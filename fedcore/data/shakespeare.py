@@ -146,7 +146,8 @@ def windows_to_tensor(codes: np.ndarray, starts: np.ndarray, seq_len: int = SEQ_
     return torch.from_numpy(codes[idx].astype(np.int64))
 
 
-@federated_dataset("shakespeare", dataset_options=("data_dir", "seq_len"), default_partition="natural")
+@federated_dataset("shakespeare", dataset_options=("data_dir", "seq_len"), default_partition="natural",
+                   remote_options=("seq_len",))
 def shakespeare_pool(seed: int, max_samples: int | None = None, data_dir: str | None = None,
                      seq_len: int = SEQ_LEN) -> Pool:
     """Shakespeare by role (80 classes; x int64 [N, seq_len]); options ``data_dir``, ``seq_len``."""

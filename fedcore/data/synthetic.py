@@ -16,7 +16,9 @@ import torch
 from fedcore.data.base import ClientData, DataError, register_dataset, split_train_test
 
 
-@register_dataset("synthetic")
+@register_dataset("synthetic", remote_options=(
+    "alpha", "beta", "iid", "num_features", "num_classes", "mean_log_size", "sigma_log_size", "min_samples",
+    "max_samples", "test_fraction"))
 def synthetic_shard(client_index: int, seed: int, alpha: float = 0.5, beta: float = 0.5, iid: bool = False,
                     num_features: int = 60, num_classes: int = 10, mean_log_size: float = 4.0,
                     sigma_log_size: float = 1.0, min_samples: int = 50, max_samples: int = 1000,

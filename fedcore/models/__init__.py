@@ -30,7 +30,17 @@ def available_models() -> list[str]:
     return _REGISTRY.names()
 
 
+def is_registered_model(name: str) -> bool:
+    """A model built in (or registered by this process's own code); never an import path."""
+    return ":" not in name and name in _REGISTRY.names()
+
+
 def resolve_factory(name: str) -> ModelFactory:
+    """A registered model, or the factory an import path "pkg.mod:factory" names.
+
+    Import paths are for a party's *own* configuration only (the server operator's ``model.name``, a client's
+    ``--model``): a name a remote party announced goes through :func:`is_registered_model` first.
+    """
     if ":" in name:
         module_name, _, attr = name.partition(":")
         try:

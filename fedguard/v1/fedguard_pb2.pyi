@@ -194,7 +194,7 @@ class TaskMessage(_message.Message):
     def __init__(self, wait: _Optional[_Union[Wait, _Mapping]] = ..., header: _Optional[_Union[TaskHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("session_id", "round", "num_samples", "beta_hat", "train_loss", "metrics", "kind", "tensors", "total_bytes")
+    __slots__ = ("session_id", "round", "num_samples", "beta_hat", "train_loss", "metrics", "kind", "tensors", "total_bytes", "payload_sha256")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +211,7 @@ class UpdateHeader(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SHA256_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     round: int
     num_samples: int
@@ -220,7 +221,8 @@ class UpdateHeader(_message.Message):
     kind: UpdateKind
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     total_bytes: int
-    def __init__(self, session_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[int] = ..., beta_hat: _Optional[float] = ..., train_loss: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., kind: _Optional[_Union[UpdateKind, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+    payload_sha256: bytes
+    def __init__(self, session_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[int] = ..., beta_hat: _Optional[float] = ..., train_loss: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., kind: _Optional[_Union[UpdateKind, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ...) -> None: ...
 
 class UpdateMessage(_message.Message):
     __slots__ = ("header", "chunk")

@@ -16,6 +16,8 @@ from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
 def server_config(tmp_path: Any, **sections: dict[str, Any]) -> ServerConfig:
     overrides: list[tuple[list[str], Any]] = [(["server", "address"], "127.0.0.1:0"),
                                               (["server", "run_dir"], str(tmp_path / "run"))]
+    if "security" not in sections:
+        overrides.append((["security", "insecure"], True))
     for section, values in sections.items():
         for k, v in values.items():
             overrides.append(([section, k], v))
@@ -62,15 +64,17 @@ def mark_ready(s: pb_grpc.FederationStub, sessions: Iterator[str] | list[str]) -
 
 
 def run_federation(config: ServerConfig, num_clients: int, timeout: float = 120.0, linger_s: float = 1.0,
-                   **client_options: Any) -> tuple[dict[str, Any] | None, list[Any]]:
+                   model: Any = None, **client_options: Any) -> tuple[dict[str, Any] | None, list[Any]]:
     """Serve ``config`` in a thread with ``num_clients`` embedded FedClients (client-i on shard i) until the
-    federation ends; returns the server's final status and the clients' summaries."""
+    federation ends; returns the server's final status and the clients' summaries. ``model``: the clients' own
+    model (a custom factory is the client's to name; an announcement only names built-in models)."""
     from fedclient import ClientConfig, FedClient
     from fedserver import ServerThread
 
     srv = ServerThread(config, linger_s=linger_s).start()
-    clients = [FedClient(ClientConfig(server=srv.address, client_id=f"client-{i}", data_index=i, long_poll_s=5.0,
-                                      **client_options)).start()
+    clients = [FedClient(ClientConfig(insecure=True,
+                                      server=srv.address, client_id=f"client-{i}", data_index=i, long_poll_s=5.0,
+                                      **client_options), model=model).start()
                for i in range(num_clients)]
     status = srv.wait(timeout)
     return status, [c.join(30) for c in clients]

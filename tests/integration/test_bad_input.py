@@ -68,7 +68,7 @@ EXPECTED = {
     "oversize": (grpc.StatusCode.RESOURCE_EXHAUSTED, "exceeds the limit"),
     "oversize_message": (grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
     "zero_samples": (grpc.StatusCode.INVALID_ARGUMENT, "num_samples must be >= 1"),
-    "nan_loss": (grpc.StatusCode.INVALID_ARGUMENT, "must be finite"),
+    "nan_loss": (grpc.StatusCode.INVALID_ARGUMENT, "train_loss: must be a finite number"),
 }
 
 

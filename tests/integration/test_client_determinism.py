@@ -29,7 +29,7 @@ def _federation(tmp_path: Path) -> tuple[dict[str, float], dict[str, float]]:
     """(client -> P_i, client -> round-1 training loss) of one federation of N clients."""
     cfg = server_config(tmp_path, model={"name": MODEL}, rounds={"num_rounds": 2, "clients_per_round": N,
                                                                  "seed": FED_SEED})
-    status, summaries = run_federation(cfg, N, timeout=60, linger_s=0.5, private_epochs=1)
+    status, summaries = run_federation(cfg, N, timeout=60, linger_s=0.5, model=MODEL, private_epochs=1)
     # The status is a FederationStatus (older servers: a dict).
     outcome = status["outcome"] if isinstance(status, dict) else getattr(status, "outcome", None)
     assert outcome == "completed", status

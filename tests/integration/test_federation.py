@@ -20,7 +20,7 @@ from tests.integration.helpers import run_federation, server_config, stub
 
 
 def _client(address: str, i: int, **kw: object) -> FedClient:
-    return FedClient(ClientConfig(server=address, client_id=f"client-{i}", data_index=i, long_poll_s=5.0,
+    return FedClient(ClientConfig(insecure=True, server=address, client_id=f"client-{i}", data_index=i, long_poll_s=5.0,
                                   **kw))  # type: ignore[arg-type]
 
 
@@ -106,7 +106,8 @@ def test_client_refuses_a_model_that_does_not_match_the_federation(tmp_path: Pat
     cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 1})
     srv = ServerThread(cfg, linger_s=0.2).start()
     try:
-        c = FedClient(ClientConfig(server=srv.address, client_id="odd"), model=build_model("mlp", {"hidden": [8]}))
+        c = FedClient(ClientConfig(insecure=True,
+                                   server=srv.address, client_id="odd"), model=build_model("mlp", {"hidden": [8]}))
         with pytest.raises(FedClientError, match=r"model mismatch.*fingerprint"):
             c.run()
     finally:
@@ -114,7 +115,7 @@ def test_client_refuses_a_model_that_does_not_match_the_federation(tmp_path: Pat
 
 
 def test_client_gives_up_clearly_when_no_server_answers() -> None:
-    c = FedClient(ClientConfig(server="127.0.0.1:9", give_up_after_s=1.0, backoff_initial_s=0.05,
+    c = FedClient(ClientConfig(insecure=True, server="127.0.0.1:9", give_up_after_s=1.0, backoff_initial_s=0.05,
                                backoff_max_s=0.2))
     t0 = time.monotonic()
     with pytest.raises(FedClientError, match="unreachable"):
@@ -132,7 +133,7 @@ def test_client_rejoins_after_the_server_restarts(tmp_path: Path) -> None:
     first = server_config(tmp_path, server={"address": f"127.0.0.1:{port}"},
                           rounds={"num_rounds": 1000, "clients_per_round": 1})
     srv = ServerThread(first, linger_s=0.1).start()
-    client = FedClient(ClientConfig(server=f"127.0.0.1:{port}", client_id="phoenix", long_poll_s=1.0,
+    client = FedClient(ClientConfig(insecure=True, server=f"127.0.0.1:{port}", client_id="phoenix", long_poll_s=1.0,
                                     backoff_initial_s=0.05, backoff_max_s=0.5)).start()
     deadline = time.monotonic() + 30
     while client.summary.updates_accepted < 1 and time.monotonic() < deadline:

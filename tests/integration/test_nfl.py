@@ -35,7 +35,8 @@ def _config(tmp_path: Path, name: str, rounds: int = 4, **nfl: Any) -> ServerCon
 def _run(config: ServerConfig, options: dict[int, dict[str, Any]] | None = None,
          **common: Any) -> tuple[FederationStatus, list[Any]]:
     srv = ServerThread(config, linger_s=0.5).start()
-    clients = [FedClient(ClientConfig(server=srv.address, client_id=f"client-{i}", data_index=i, long_poll_s=5.0,
+    clients = [FedClient(ClientConfig(insecure=True,
+                                      server=srv.address, client_id=f"client-{i}", data_index=i, long_poll_s=5.0,
                                       private_epochs=2, **{**common, **(options or {}).get(i, {})})).start()
                for i in range(N)]
     status = srv.wait(120)

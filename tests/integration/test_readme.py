@@ -11,6 +11,7 @@ from fedcore.data import load_client_data
 from fedcore.models import build_model
 from fedserver import ServerThread
 from tests.integration.helpers import server_config
+from tools.launch import make_tls_dir
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -24,7 +25,10 @@ def _embedding_snippet() -> str:
 
 
 def test_readme_embedding_example_runs(tmp_path: Path) -> None:
-    cfg = server_config(tmp_path, rounds={"num_rounds": 50, "clients_per_round": 1})
+    pki = make_tls_dir(["device-42"], tmp_path / "pki")
+    cfg = server_config(tmp_path, rounds={"num_rounds": 50, "clients_per_round": 1},
+                        security={"tls_cert": str(pki / "server.pem"), "tls_key": str(pki / "server.key"),
+                                  "client_ca": str(pki / "ca.pem")})
     srv = ServerThread(cfg, linger_s=0.1).start()
     try:
         shard = load_client_data("synthetic", 0, seed=0)
@@ -36,6 +40,9 @@ def test_readme_embedding_example_runs(tmp_path: Path) -> None:
 
         code = _embedding_snippet().replace('"coordinator:8470"', repr(srv.address))
         code = code.replace('"/var/lib/app/fl"', repr(str(tmp_path / "state")))
+        code = code.replace('"/etc/app/fl/ca.pem"', repr(str(pki / "ca.pem")))
+        for ext in ("pem", "key"):
+            code = code.replace(f'"/etc/app/fl/device-42.{ext}"', repr(str(pki / "clients" / f"device-42.{ext}")))
         code = code.replace("\n...\n", "\nwait_for_a_round(client)\n")
         namespace = {"x_train": shard.x_train, "y_train": shard.y_train, "x_test": shard.x_test,
                      "y_test": shard.y_test, "my_model_factory": lambda: build_model("mlp"),

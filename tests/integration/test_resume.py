@@ -39,7 +39,8 @@ def _cfg(tmp_path: Path, port: int = 0, num_rounds: int = 4, **extra: dict[str, 
 
 
 def _clients(address: str, delays: list[float] | None = None) -> list[FedClient]:
-    return [FedClient(ClientConfig(server=address, client_id=f"client-{i}", data_index=i, long_poll_s=1.0,
+    return [FedClient(ClientConfig(insecure=True,
+                                   server=address, client_id=f"client-{i}", data_index=i, long_poll_s=1.0,
                                    backoff_initial_s=0.05, backoff_max_s=0.3, give_up_after_s=60,
                                    straggler_delay_s=(delays or [0.0] * N)[i])).start()
             for i in range(N)]
@@ -148,7 +149,7 @@ def test_a_state_db_that_is_not_a_store_is_refused_and_left_alone(tmp_path: Path
     junk = b"this is not a SQLite database" * 100
     (run_dir / "state" / "state.db").write_bytes(junk)
     rc = main(["--run-dir", str(run_dir), "--address", "127.0.0.1:0", "--rounds", "1", "--model", "mlp",
-               "--dataset", "synthetic"])
+               "--dataset", "synthetic", "--insecure"])
     assert rc == 2
     err = capsys.readouterr().err
     assert "state store" in err and "state.db" in err

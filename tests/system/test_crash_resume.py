@@ -87,7 +87,7 @@ def test_server_killed_at_every_stage_resumes_to_the_uninterrupted_model(
     run_dir = tmp_path / "run"
     port = _free_port()
     server_cmd = [sys.executable, "-m", "fedserver", "--address", f"127.0.0.1:{port}", "--run-dir", str(run_dir),
-                  "--log-json", "--linger", "5", *FEDERATION]
+                  "--log-json", "--linger", "5", "--insecure", *FEDERATION]
     logs = open(tmp_path / "server.log", "ab")  # noqa: SIM115
 
     def server(**env: str) -> subprocess.Popen[bytes]:
@@ -95,7 +95,7 @@ def test_server_killed_at_every_stage_resumes_to_the_uninterrupted_model(
 
     # Ten clients in one process; they outlive every server and re-join each new one unaided.
     clients = subprocess.Popen([sys.executable, "-m", "tools.launch", "worker", "--server", f"127.0.0.1:{port}",
-                                "--first", "0", "--count", str(N), "--backoff-max", "0.3",
+                                "--first", "0", "--count", str(N), "--backoff-max", "0.3", "--insecure",
                                 "--straggler-delay", "0.3"],
                                cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

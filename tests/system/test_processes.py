@@ -40,11 +40,11 @@ def test_server_and_two_client_processes_complete(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     server = subprocess.Popen(
         [*_exe("fedserver"), "--address", f"127.0.0.1:{port}", "--rounds", "3", "-k", "2", "--run-dir",
-         str(run_dir), "--log-json", "--linger", "1"],
+         str(run_dir), "--log-json", "--linger", "1", "--insecure"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
     clients = [subprocess.Popen(
         [*_exe("fedclient"), "--server", f"127.0.0.1:{port}", "--client-id", f"proc-{i}", "--data-index", str(i),
-         "--torch-threads", "1", "--log-json"],
+         "--torch-threads", "1", "--log-json", "--insecure"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env()) for i in range(2)]
     try:
         server_out, _ = server.communicate(timeout=120)
@@ -91,10 +91,10 @@ def test_server_refuses_bad_config_naming_the_field(tmp_path: Path) -> None:
 def test_client_process_exits_2_on_model_mismatch(tmp_path: Path) -> None:
     port = _free_port()
     server = subprocess.Popen([*_exe("fedserver"), "--address", f"127.0.0.1:{port}", "--rounds", "1", "-k", "1",
-                               "--run-dir", str(tmp_path / "run"), "--round-timeout", "5"],
+                               "--run-dir", str(tmp_path / "run"), "--round-timeout", "5", "--insecure"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
     try:
-        r = subprocess.run([*_exe("fedclient"), "--server", f"127.0.0.1:{port}", "--model", "logreg"],
+        r = subprocess.run([*_exe("fedclient"), "--server", f"127.0.0.1:{port}", "--model", "logreg", "--insecure"],
                            capture_output=True, text=True, timeout=60, env=_env())
         assert r.returncode == 2 and "model mismatch" in r.stderr
     finally:

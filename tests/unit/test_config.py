@@ -13,16 +13,21 @@ from fedcore.config import (
 )
 
 
-def test_defaults_are_valid() -> None:
-    ServerConfig().validate()
-    ClientConfig().validate()
+def test_defaults_are_valid_but_plaintext_needs_an_explicit_opt_in() -> None:
+    with pytest.raises(ConfigError, match=r"security.tls_cert: TLS needs a certificate"):
+        ServerConfig().validate()
+    cfg = ServerConfig()
+    cfg.security.insecure = True
+    cfg.validate()
+    ClientConfig().validate()  # TLS against the system's trusted roots
 
 
 def test_toml_then_overrides(tmp_path: Path) -> None:
     f = tmp_path / "fed.toml"
     f.write_text('[rounds]\nnum_rounds = 7\nclients_per_round = 4\n[model]\nname = "mlp"\n'
                  '[model.kwargs]\nhidden = [32, 16]\n[training]\nlearning_rate = 0.1\n')
-    cfg = build_config(ServerConfig, f, [parse_override("rounds.num_rounds=9"), (["server", "address"], "0.0.0.0:1")])
+    cfg = build_config(ServerConfig, f, [parse_override("rounds.num_rounds=9"), (["server", "address"], "0.0.0.0:1"),
+                                         parse_override("security.insecure=true")])
     assert cfg.rounds.num_rounds == 9 and cfg.rounds.clients_per_round == 4
     assert cfg.model.kwargs == {"hidden": [32, 16]}
     assert cfg.training.learning_rate == 0.1
@@ -88,7 +93,8 @@ def test_json_config_files_and_toml_literals(tmp_path: Path) -> None:
     from fedcore.config import toml_literal
 
     f = tmp_path / "fed.json"
-    f.write_text(json.dumps({"rounds": {"num_rounds": 4}, "model": {"kwargs": {"hidden": [8]}}}))
+    f.write_text(json.dumps({"rounds": {"num_rounds": 4}, "model": {"kwargs": {"hidden": [8]}},
+                             "security": {"insecure": True}}))
     cfg = build_config(ServerConfig, f)
     assert cfg.rounds.num_rounds == 4 and cfg.model.kwargs == {"hidden": [8]}
     for value in (3, 0.5, True, "a\\\"b", [1, [2, "x"]], {"k": 1, "m": {"n": False}}):

@@ -18,7 +18,7 @@ from fedserver.persistence import Persistence, check_identity
 
 
 def _config(run_dir: Path, **sections: dict[str, Any]) -> ServerConfig:
-    overrides: list[tuple[list[str], Any]] = [(["server", "run_dir"], str(run_dir))]
+    overrides: list[tuple[list[str], Any]] = [(["server", "run_dir"], str(run_dir)), (["security", "insecure"], True)]
     for section, values in sections.items():
         overrides += [([section, k], v) for k, v in values.items()]
     return build_config(ServerConfig, None, overrides)

@@ -1,0 +1,105 @@
+"""Bounds on every field a client sends, checked before anything else reads it.
+
+Strings are bounded in length and alphabet (and shown in logs only through :func:`fedcore.identity.shorten`);
+numbers must be finite, non-negative where a count, and below a ceiling no honest client reaches. Each check
+raises :class:`ProtocolError` ``INVALID_ARGUMENT`` whose reason names the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from fedcore.config import MAX_TOKEN
+from fedcore.identity import CLIENT_ID_RULE, shorten, valid_client_id
+from fedguard.v1 import fedguard_pb2 as pb
+from fedserver.errors import ProtocolError
+
+MAX_SESSION_ID = 64
+MAX_SAMPLES = 1 << 40
+MAX_ROUND = 1 << 40
+MAX_LOSS = 1e12
+MAX_METRICS = 64
+MAX_METRIC_NAME = 64
+MAX_METRIC_VALUE = 1e15
+MAX_REASON = 256
+MAX_VERSION = 64
+MAX_FINGERPRINT = 128
+MAX_TENSORS = 100_000
+MAX_TENSOR_NAME = 512
+MAX_WAIT_S = 3600.0
+
+
+def _bad(field: str, message: str) -> ProtocolError:
+    return ProtocolError("INVALID_ARGUMENT", f"{field}: {message}")
+
+
+def _text(value: str, field: str, limit: int) -> None:
+    if len(value) > limit:
+        raise _bad(field, f"at most {limit} characters, got {len(value)}")
+    if not value.isprintable():
+        raise _bad(field, f"must be printable text, got {shorten(value)!r}")
+
+
+def check_session(value: str) -> None:
+    """Only bounded: a session id is looked up, never logged (an unknown one is UNAUTHENTICATED)."""
+    if len(value) > MAX_SESSION_ID:
+        raise _bad("session_id", f"at most {MAX_SESSION_ID} characters")
+
+
+def _count(value: int, field: str, ceiling: int) -> None:
+    if value > ceiling:
+        raise _bad(field, f"{value} exceeds {ceiling}")
+
+
+def _number(value: float, field: str, low: float, high: float) -> None:
+    if not (math.isfinite(value) and low <= value <= high):
+        raise _bad(field, f"must be a finite number in [{low:g}, {high:g}], got {value}")
+
+
+def check_join(r: pb.JoinRequest) -> None:
+    if not valid_client_id(r.client_id):
+        raise _bad("client_id", f"{shorten(r.client_id)!r} is not a valid client id ({CLIENT_ID_RULE})")
+    if len(r.token) > MAX_TOKEN:
+        raise _bad("token", f"at most {MAX_TOKEN} characters")
+    _text(r.model_fingerprint, "model_fingerprint", MAX_FINGERPRINT)
+    _text(r.capabilities.version, "capabilities.version", MAX_VERSION)
+    _count(r.capabilities.num_train_samples, "capabilities.num_train_samples", MAX_SAMPLES)
+
+
+def check_pull(r: pb.PullTaskRequest) -> None:
+    check_session(r.session_id)
+    _number(r.max_wait_s, "max_wait_s", 0.0, MAX_WAIT_S)
+
+
+def check_heartbeat(r: pb.HeartbeatRequest) -> None:
+    check_session(r.session_id)
+
+
+def check_leave(r: pb.LeaveRequest) -> None:
+    check_session(r.session_id)
+    _text(r.reason, "reason", MAX_REASON)
+
+
+def check_metrics(metrics: Mapping[str, float]) -> None:
+    if len(metrics) > MAX_METRICS:
+        raise _bad("metrics", f"at most {MAX_METRICS} entries, got {len(metrics)}")
+    for name, value in metrics.items():
+        if len(name) > MAX_METRIC_NAME or not name.replace(".", "_").isidentifier():
+            raise _bad("metrics", f"metric name {shorten(name, 40)!r} must be an identifier of at most "
+                                  f"{MAX_METRIC_NAME} characters")
+        _number(value, f"metrics[{name}]", -MAX_METRIC_VALUE, MAX_METRIC_VALUE)
+
+
+def check_update_header(h: pb.UpdateHeader) -> None:
+    check_session(h.session_id)
+    _count(h.round, "round", MAX_ROUND)
+    _count(h.num_samples, "num_samples", MAX_SAMPLES)
+    _number(h.train_loss, "train_loss", -MAX_LOSS, MAX_LOSS)  # beta_hat's range is the intake's (recorded)
+    check_metrics(h.metrics)
+    if len(h.tensors) > MAX_TENSORS:
+        raise _bad("tensors", f"at most {MAX_TENSORS} tensors")
+    for t in h.tensors:
+        _text(t.name, "tensors.name", MAX_TENSOR_NAME)
+    if h.payload_sha256 and len(h.payload_sha256) != 32:
+        raise _bad("payload_sha256", f"must be 32 bytes, got {len(h.payload_sha256)}")
