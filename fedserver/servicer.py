@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fedcore.config import FederationInfo
+from fedcore.data import remote_options
 from fedcore.identity import shorten
 from fedcore.serialization import Reassembler, SerializationError
 from fedguard import wire
@@ -69,10 +70,18 @@ class FederationServicer:
         self.idle_s = cfg.server.stream_idle_timeout_s
         self.log = coordinator.log
         self.refused = 0
+        # Only the options a client accepts from a server are announced (fedcore.trust); the server's own
+        # (data_dir, cache_dir, path, source, download: for its central evaluation) stay here.
+        allowed = remote_options(cfg.data.dataset)
+        announced = {k: v for k, v in cfg.data.options.items() if k in allowed}
+        local = sorted(set(cfg.data.options) - set(announced))
+        if local:
+            self.log.info("federation.local_data_options", options=local,
+                          reason="not announced: clients set their own paths, downloads and file formats")
         self._join_config = wire.federation_to_pb(FederationInfo(
             federation_id=cfg.server.federation_id, model_name=cfg.model.name, model_kwargs=cfg.model.kwargs,
             model_fingerprint=coordinator.fingerprint, model_spec=tuple(coordinator.manifest),
-            training=cfg.training, dataset=cfg.data.dataset, data_options=cfg.data.options,
+            training=cfg.training, dataset=cfg.data.dataset, data_options=announced,
             num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed, nfl_mode=cfg.nfl.mode,
             chunk_bytes=cfg.server.chunk_bytes, nfl_nr=cfg.nfl.nr, nfl_c=cfg.nfl.c))
 

@@ -119,3 +119,57 @@ def test_launcher_virtual_mode_prints_one_row_per_round(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "final_model.fgt").exists()
     # Round 1 waited for the whole fleet: the launcher asks for min_available = N unless told otherwise.
     assert json.loads((tmp_path / "run" / "config.json").read_text())["rounds"]["min_available"] == 6
+    # The launcher ran mutual TLS with a throw-away CA (deleted afterwards); plaintext gives the same model, bit
+    # for bit.
+    assert "(mutual TLS)" in r.stdout
+    plain = subprocess.run([sys.executable, "-m", "tools.launch", "--clients", "6", "-k", "3", "--rounds", "3",
+                            "--virtual", "--procs", "2", "--insecure", "--run-dir", str(tmp_path / "plain")],
+                           capture_output=True, text=True, timeout=180, env=_env(), cwd=root)
+    assert plain.returncode == 0 and "(plaintext)" in plain.stdout, plain.stdout + plain.stderr
+    assert (tmp_path / "plain" / "final_model.fgt").read_bytes() == (tmp_path / "run" / "final_model.fgt").read_bytes()
+
+
+def test_certificates_from_the_cli_then_mutual_tls_and_signed_requests_between_processes(tmp_path: Path) -> None:
+    """fedguard-certs makes a CA, a server certificate, client certificates and enrolled signing keys; fedserver
+    requires both mutual TLS and signatures; two fedclient processes train; the secret stays out of the run dir."""
+    certs, pki = _exe("fedguard-certs"), tmp_path / "pki"
+    ids = ["proc-0", "proc-1"]
+    for args in (["ca", "--out", str(pki)], ["server", "--ca", str(pki), "--out", str(pki), "--host", "127.0.0.1"],
+                 ["client", "--ca", str(pki), "--out", str(pki / "clients"), *[x for i in ids for x in
+                                                                             ("--client-id", i)]],
+                 ["keygen", "--out", str(pki / "keys"), "--enroll", str(pki / "enrolled.json"),
+                  *[x for i in ids for x in ("--client-id", i)]]):
+        r = subprocess.run([*certs, *args], capture_output=True, text=True, timeout=60, env=_env())
+        assert r.returncode == 0 and "PRIVATE KEY" not in r.stdout, r.stdout + r.stderr
+    secret = "correct-horse-battery"
+    (tmp_path / "token").write_text(secret)
+    port, run_dir = _free_port(), tmp_path / "run"
+    server = subprocess.Popen(
+        [*_exe("fedserver"), "--address", f"127.0.0.1:{port}", "--rounds", "2", "-k", "2", "--run-dir",
+         str(run_dir), "--log-json", "--linger", "1", "--tls-cert", str(pki / "server.pem"), "--tls-key",
+         str(pki / "server.key"), "--client-ca", str(pki / "ca.pem"), "--client-keys", str(pki / "enrolled.json"),
+         "--token-file", str(tmp_path / "token")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    clients = [subprocess.Popen(
+        [*_exe("fedclient"), "--server", f"127.0.0.1:{port}", "--client-id", cid, "--data-index", str(i),
+         "--torch-threads", "1", "--log-json", "--ca-cert", str(pki / "ca.pem"), "--cert",
+         str(pki / "clients" / f"{cid}.pem"), "--key", str(pki / "clients" / f"{cid}.key"), "--signing-key",
+         str(pki / "keys" / f"{cid}.ed25519")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**_env(), "FEDGUARD_TOKEN": secret})
+        for i, cid in enumerate(ids)]
+    try:
+        server_out, _ = server.communicate(timeout=120)
+        client_outs = [c.communicate(timeout=60)[0] for c in clients]
+    finally:
+        for p in (server, *clients):
+            if p.poll() is None:
+                p.kill()
+    assert server.returncode == 0, server_out
+    assert all(c.returncode == 0 for c in clients), client_outs
+    events = [json.loads(line) for line in server_out.splitlines() if line.startswith("{")]
+    listening = next(e for e in events if e["event"] == "server.listening")
+    assert listening["transport"] == "mutual-tls" and listening["signed_requests"] is True
+    assert [e["accepted"] for e in events if e["event"] == "round.completed"] == [2, 2]
+    assert secret not in server_out and not any(secret in out for out in client_outs)
+    for path in run_dir.rglob("*"):
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path
