@@ -28,15 +28,24 @@ def metas_to_pb(manifest: Iterable[TensorMeta]) -> list[pb.TensorMeta]:
     return [meta_to_pb(m) for m in manifest]
 
 
+# A remote party's tensor description is bounded before anything is computed from it (a shape of 10^5 dimensions
+# of 2^62 would cost the event loop seconds in math.prod and produce integers too long to print).
+MAX_DIMS = 32
+MAX_DIM = 1 << 48
+
+
 def meta_from_pb(p: pb.TensorMeta) -> TensorMeta:
+    name = p.name[:80]
     dtype = _PB_TO_DTYPE.get(p.dtype)
     if dtype is None:
-        raise SerializationError(f"tensor {p.name!r}: unknown dtype code {p.dtype}")
-    if any(d < 0 for d in p.shape):
-        raise SerializationError(f"tensor {p.name!r}: negative dimension in shape {list(p.shape)}")
+        raise SerializationError(f"tensor {name!r}: unknown dtype code {p.dtype}")
+    if len(p.shape) > MAX_DIMS:
+        raise SerializationError(f"tensor {name!r}: {len(p.shape)} dimensions, at most {MAX_DIMS}")
+    if any(d < 0 or d > MAX_DIM for d in p.shape):
+        raise SerializationError(f"tensor {name!r}: every dimension must be in [0, 2^48]")
     m = TensorMeta(p.name, dtype, tuple(int(d) for d in p.shape))
     if p.nbytes != m.nbytes:
-        raise SerializationError(f"tensor {p.name!r}: announces {p.nbytes} bytes, dtype and shape give {m.nbytes}")
+        raise SerializationError(f"tensor {name!r}: announces {p.nbytes} bytes, which its dtype and shape do not give")
     return m
 
 

@@ -101,5 +101,7 @@ def check_update_header(h: pb.UpdateHeader) -> None:
         raise _bad("tensors", f"at most {MAX_TENSORS} tensors")
     for t in h.tensors:
         _text(t.name, "tensors.name", MAX_TENSOR_NAME)
+    if h.kind not in (pb.UPDATE_KIND_UNSPECIFIED, pb.WEIGHTS, pb.DELTA):
+        raise _bad("kind", f"unknown update kind {h.kind}")
     if h.payload_sha256 and len(h.payload_sha256) != 32:
         raise _bad("payload_sha256", f"must be 32 bytes, got {len(h.payload_sha256)}")

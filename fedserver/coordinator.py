@@ -237,8 +237,12 @@ class Coordinator:
         """Refuse an update whose header could not even be read (raises :class:`ProtocolError`)."""
         self.intake.reject(self.touch(session), round_, code, reason)
 
+    def upload_closed(self, ticket: UpdateTicket) -> str | None:
+        """Why an update still being received can no longer be taken, or None."""
+        return self.intake.closed(ticket)
+
     def reject_ticket(self, ticket: UpdateTicket, code: str, reason: str) -> None:
-        self.intake.reject(ticket.client_id, ticket.round, code, reason)
+        self.intake.reject_ticket(ticket, code, reason)
 
     def submit_update(self, ticket: UpdateTicket, tensors: dict[str, torch.Tensor]) -> None:
         if self.stopping:

@@ -38,6 +38,8 @@ class UpdateTicket:
     beta_hat: float | None
     metrics: dict[str, float]
     model_id: str
+    # The attempt of the round the update was admitted in: a round restarted meanwhile is another attempt.
+    attempt: int = 0
 
 
 @dataclass
@@ -119,7 +121,24 @@ class UpdateIntake:
         if bad_metric is not None:
             self.reject(client_id, round_, "INVALID_ARGUMENT", f"metric {bad_metric!r} is not finite")
         return UpdateTicket(client_id, round_, num_samples, is_delta, train_loss, beta_hat, dict(metrics),
-                            self._model_id_for(client_id))
+                            self._model_id_for(client_id), self._state().attempt)
+
+    def closed(self, ticket: UpdateTicket) -> str | None:
+        """Why an update being received can no longer be taken (its round or attempt is over), or None."""
+        state = self._state()
+        if state.attempt != ticket.attempt and state.round == ticket.round:
+            return f"round {ticket.round} was restarted while the update was being received"
+        return rm.admission(state, ticket.client_id, ticket.round)
+
+    def reject_ticket(self, ticket: UpdateTicket, code: str, reason: str) -> None:
+        """Refuse an admitted update; recorded against the round only if its attempt is still the current one
+        (an upload begun before the round restarted must not count against the new attempt)."""
+        state = self._state()
+        if (state.round, state.attempt) != (ticket.round, ticket.attempt):
+            self.log.warning("update.rejected", client_id=ticket.client_id, round=ticket.round, code=code,
+                             reason=reason, note="admitted in an earlier attempt of the round; not recorded")
+            raise ProtocolError(code, reason)
+        self.reject(ticket.client_id, ticket.round, code, reason)
 
     def reject(self, client_id: str, round_: int, code: str, reason: str) -> None:
         """Record a refusal with the round machine and raise it."""
@@ -132,16 +151,16 @@ class UpdateIntake:
         cid, round_ = ticket.client_id, ticket.round
         reason = rm.admission(self._state(), cid, round_)
         if reason is not None:
-            self.reject(cid, round_, "FAILED_PRECONDITION", reason)
+            self.reject_ticket(ticket, "FAILED_PRECONDITION", reason)
         flat = self.models.flatten_update(tensors, ticket.is_delta, ticket.model_id)
         if not bool(torch.isfinite(flat).all()):
             bad = next(k for k in self.models.float_names if not bool(torch.isfinite(tensors[k]).all()))
-            self.reject(cid, round_, "INVALID_ARGUMENT", f"tensor {bad!r} has non-finite values")
+            self.reject_ticket(ticket, "INVALID_ARGUMENT", f"tensor {bad!r} has non-finite values")
         assert self.aggregator is not None and self.round_log is not None
         try:
             self.aggregator.add(flat, float(ticket.num_samples), key=cid)
         except ValueError as e:
-            self.reject(cid, round_, "INVALID_ARGUMENT", str(e))
+            self.reject_ticket(ticket, "INVALID_ARGUMENT", str(e))
         self.round_log.reports[cid] = ClientReport(ticket.num_samples, ticket.train_loss, ticket.beta_hat,
                                                    ticket.metrics)
         self.log.info("update.accepted", client_id=cid, round=round_, num_samples=ticket.num_samples,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fedcore.config import FederationInfo
@@ -27,9 +28,11 @@ from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import bounds
 from fedserver.auth import Authenticator
 from fedserver.coordinator import Coordinator, ProtocolError, Task
-from fedserver.limits import StreamLimits
+from fedserver.limits import StreamLimits, return_freed_memory
 
 SERVICE_NAME = "fedguard.v1.Federation"
+# A refused or stalled upload at least this large hands its freed memory back to the operating system.
+TRIM_AFTER_BYTES = 8 << 20
 
 
 def method_path(name: str) -> str:
@@ -144,6 +147,8 @@ class FederationServicer:
     async def PushUpdate(self, request_iterator: AsyncIterator[Incoming],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
         it = aiter(request_iterator)
+        asm: Reassembler | None = None
+        tensors: dict[str, torch.Tensor] | None = None
         try:
             first = await self._next(it, "")
             if first is None:
@@ -178,6 +183,11 @@ class FederationServicer:
                         part = _message(item)
                         if part.WhichOneof("kind") != "chunk":
                             raise SerializationError("a second header inside one update stream")
+                        if not part.chunk.data:
+                            raise SerializationError("an empty chunk (an upload must make progress)")
+                        closed = self.coord.upload_closed(ticket)
+                        if closed is not None:  # a trickle cannot hold its reservation past the round
+                            self.coord.reject_ticket(ticket, "FAILED_PRECONDITION", closed)
                         asm.feed(int(part.chunk.offset), part.chunk.data)
                         if digest is not None:
                             digest.update(part.chunk.data)
@@ -187,9 +197,19 @@ class FederationServicer:
                 if digest is not None and digest.digest() != h.payload_sha256:
                     self.coord.reject_ticket(ticket, "INVALID_ARGUMENT",
                                              "the tensor bytes do not match the header's payload_sha256")
+                assert tensors is not None  # reject_ticket raised otherwise
                 self.coord.submit_update(ticket, tensors)
+                asm = tensors = None
         except ProtocolError as e:
+            # The refusal's traceback keeps this frame (and its locals) alive until the cyclic garbage collector
+            # runs: drop the partial update's buffer first, so a stalled or refused upload frees it now.
+            if asm is not None and asm.expected >= TRIM_AFTER_BYTES:
+                asm = tensors = None
+                return_freed_memory()
+            asm = tensors = None
             await self._refuse(context, "PushUpdate", e)
+        finally:
+            asm = tensors = None
         return pb.PushReply(accepted=True)
 
     async def Heartbeat(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:

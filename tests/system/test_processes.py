@@ -76,15 +76,18 @@ def test_server_refuses_bad_config_naming_the_field(tmp_path: Path) -> None:
     r = subprocess.run([*_exe("fedserver"), "--config", str(bad)], capture_output=True, text=True, timeout=60,
                        env=_env())
     assert r.returncode == 2 and "rounds.clients_per_rnd: unknown field" in r.stderr
-    r = subprocess.run([*_exe("fedserver"), "--model", "nonexistent_model"], capture_output=True, text=True,
-                       timeout=60, env=_env())
+    r = subprocess.run([*_exe("fedserver"), "--model", "nonexistent_model", "--insecure"], capture_output=True,
+                       text=True, timeout=60, env=_env())
     assert r.returncode == 2 and "unknown model 'nonexistent_model'" in r.stderr
+    r = subprocess.run([*_exe("fedserver")], capture_output=True, text=True, timeout=60, env=_env())
+    assert r.returncode == 2 and "security.tls_cert: TLS needs a certificate" in r.stderr  # no silent plaintext
     r = subprocess.run([*_exe("fedserver"), "--set", "evaluation.device='gpu'"], capture_output=True, text=True,
                        timeout=60, env=_env())
     assert r.returncode == 2 and "evaluation.device: one of 'cpu', 'cuda'" in r.stderr
     if not torch.cuda.is_available():  # asking for a GPU this machine lacks is a configuration error too
         r = subprocess.run([*_exe("fedserver"), "--set", "evaluation.central=true", "--set",
-                            "evaluation.device='cuda'"], capture_output=True, text=True, timeout=60, env=_env())
+                            "evaluation.device='cuda'", "--insecure"], capture_output=True, text=True, timeout=60,
+                           env=_env())
         assert r.returncode == 2 and "evaluation.device: device 'cuda': this torch build" in r.stderr
 
 

@@ -63,3 +63,28 @@ def test_certificate_identity_prefers_the_fedguard_uri() -> None:
     with pytest.raises(ProtocolError) as e:
         Authenticator.require("alice", "bob", "this session")
     assert e.value.code == "PERMISSION_DENIED"
+
+
+def test_an_upload_admitted_before_the_round_restarted_is_not_counted_against_the_new_attempt() -> None:
+    from fedcore import rounds as rm
+    from fedcore.config import ServerConfig
+    from fedcore.models import build_model, model_manifest
+    from fedserver.global_models import GlobalModels
+    from fedserver.intake import UpdateIntake
+
+    model = build_model("mlp")
+    state = rm.RoundState(round=1, attempt=0, phase=rm.TRAINING, selected=["a"])
+    seen: list[rm.Observation] = []
+    intake = UpdateIntake(ServerConfig(), GlobalModels.of(model), lambda: state, seen.append, lambda: 0.0,
+                          lambda cid: "global")
+    intake.open_round(1, 0, 1, 0.0)
+    ticket = intake.begin("a", 1, 10, False, 0.5, None, {}, model_manifest(model), 0)
+    assert ticket.attempt == 0
+    state.attempt = 1  # the round was abandoned and re-run while the upload was in flight
+    with pytest.raises(ProtocolError, match="truncated"):
+        intake.reject_ticket(ticket, "INVALID_ARGUMENT", "truncated")
+    assert not seen  # not recorded: "a" may still send its update for attempt 1
+    state.attempt = 0
+    with pytest.raises(ProtocolError):
+        intake.reject_ticket(ticket, "INVALID_ARGUMENT", "truncated")
+    assert isinstance(seen[0], rm.UpdateRejected)
