@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 import math
-import mmap
 import os
 import sys
 import threading
@@ -138,18 +137,6 @@ def check_manifest(manifest: Sequence[TensorMeta]) -> None:
             raise SerializationError(f"tensor {m.name!r}: negative dimension in shape {list(m.shape)}")
 
 
-# Buffers at least this large are their own anonymous memory mapping: when a (possibly abandoned) upload's buffer
-# is freed, its pages go back to the operating system at once instead of lingering in the allocator's heap.
-MMAP_BUFFER_BYTES = 1 << 20
-
-
-def receive_buffer(nbytes: int) -> np.ndarray:
-    """A writable uint8 buffer of ``nbytes`` (its pages are touched only when written)."""
-    if nbytes < MMAP_BUFFER_BYTES:
-        return np.empty(nbytes, dtype=np.uint8)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
-
-
 class Reassembler:
     """Collects chunks for a manifest into one buffer and checks every byte count.
 
@@ -169,7 +156,7 @@ class Reassembler:
         if max_bytes is not None and self.expected > max_bytes:
             raise SerializationError(f"payload of {self.expected} bytes exceeds the limit of {max_bytes}")
         # Uninitialised: every byte is written by feed() before finish() accepts the buffer.
-        self._buf = receive_buffer(self.expected)
+        self._buf = np.empty(self.expected, dtype=np.uint8)
         self.received = 0
 
     def feed(self, offset: int, data: bytes | memoryview) -> None:

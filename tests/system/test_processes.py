@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -35,6 +36,22 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
+def _finish_ok(server: subprocess.Popen[str], clients: list[subprocess.Popen[str]]) -> tuple[
+    str, list[str], list[dict[str, Any]]
+]:
+    """Wait for a server and its clients to exit 0; their outputs and the server's JSON log events."""
+    try:
+        server_out, _ = server.communicate(timeout=120)
+        client_outs = [c.communicate(timeout=60)[0] for c in clients]
+    finally:
+        for p in (server, *clients):
+            if p.poll() is None:
+                p.kill()
+    assert server.returncode == 0, server_out
+    assert all(c.returncode == 0 for c in clients), client_outs
+    return server_out, client_outs, [json.loads(line) for line in server_out.splitlines() if line.startswith("{")]
+
+
 def test_server_and_two_client_processes_complete(tmp_path: Path) -> None:
     port = _free_port()
     run_dir = tmp_path / "run"
@@ -46,16 +63,7 @@ def test_server_and_two_client_processes_complete(tmp_path: Path) -> None:
         [*_exe("fedclient"), "--server", f"127.0.0.1:{port}", "--client-id", f"proc-{i}", "--data-index", str(i),
          "--torch-threads", "1", "--log-json", "--insecure"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env()) for i in range(2)]
-    try:
-        server_out, _ = server.communicate(timeout=120)
-        client_outs = [c.communicate(timeout=60)[0] for c in clients]
-    finally:
-        for p in (server, *clients):
-            if p.poll() is None:
-                p.kill()
-    assert server.returncode == 0, server_out
-    assert all(c.returncode == 0 for c in clients), client_outs
-    events = [json.loads(line) for line in server_out.splitlines() if line.startswith("{")]
+    _, client_outs, events = _finish_ok(server, clients)
     names = [e["event"] for e in events]
     assert names.count("round.completed") == 3 and "federation.finished" in names
     assert all(e["accepted"] == 2 for e in events if e["event"] == "round.completed")
@@ -160,16 +168,7 @@ def test_certificates_from_the_cli_then_mutual_tls_and_signed_requests_between_p
          str(pki / "keys" / f"{cid}.ed25519")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**_env(), "FEDGUARD_TOKEN": secret})
         for i, cid in enumerate(ids)]
-    try:
-        server_out, _ = server.communicate(timeout=120)
-        client_outs = [c.communicate(timeout=60)[0] for c in clients]
-    finally:
-        for p in (server, *clients):
-            if p.poll() is None:
-                p.kill()
-    assert server.returncode == 0, server_out
-    assert all(c.returncode == 0 for c in clients), client_outs
-    events = [json.loads(line) for line in server_out.splitlines() if line.startswith("{")]
+    server_out, client_outs, events = _finish_ok(server, clients)
     listening = next(e for e in events if e["event"] == "server.listening")
     assert listening["transport"] == "mutual-tls" and listening["signed_requests"] is True
     assert [e["accepted"] for e in events if e["event"] == "round.completed"] == [2, 2]
