@@ -31,6 +31,7 @@ from fedclient.transport import Transport
 from fedcore.attacks import AttackError, backdoor_batches, poison_client_data
 from fedcore.config import ClientConfig, ConfigError, FederationInfo
 from fedcore.data import ClientData, load_client_data
+from fedcore.identity import shorten
 from fedcore.log import get_logger
 from fedcore.metrics import load_private_model, save_private_model, train_private_model
 from fedcore.models import build_model, model_fingerprint, model_manifest
@@ -252,8 +253,10 @@ class FedClient:
                 now = time.monotonic()
                 first_failure = first_failure or now
                 if self.config.give_up_after_s and now - first_failure > self.config.give_up_after_s:
+                    # The last error's details say why (a refused TLS handshake names the certificate problem).
+                    details = shorten(str(e.details() if hasattr(e, "details") else "") or "", 300)
                     raise FedClientError(f"server {self.config.server} unreachable for "
-                                         f"{self.config.give_up_after_s:.0f} s ({what}: {code})") from None
+                                         f"{self.config.give_up_after_s:.0f} s ({what}: {code}: {details})") from None
                 delay = backoff.next_delay()
                 self.summary.reconnects += 1
                 self.log.info("client.retrying", client_id=self.client_id, call=what, code=str(code),

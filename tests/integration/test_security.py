@@ -371,3 +371,12 @@ def test_the_join_secret_never_lands_in_the_run_dir_or_printed_config(tmp_path: 
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
     assert secret not in capsys.readouterr().err
+
+
+def test_a_client_that_cannot_verify_the_server_says_why(pki: dict[str, Path], mtls_server: ServerThread) -> None:
+    cid = pki["good"] / "clients"
+    client = FedClient(ClientConfig(server=mtls_server.address, client_id="alice", ca_cert=str(pki["other"] / "ca.pem"),
+                                    cert=str(cid / "alice.pem"), key=str(cid / "alice.key"), give_up_after_s=1.0,
+                                    backoff_initial_s=0.05, backoff_max_s=0.2))
+    with pytest.raises(FedClientError, match="CERTIFICATE_VERIFY_FAILED"):
+        client.run()
