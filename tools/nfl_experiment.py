@@ -8,7 +8,9 @@ configs/mnist_{nfl,ideal}.toml``, real fedserver and virtual fedclient processes
 time, each in ``OUT/<env>-<arm>-s<seed>/``. Arms: ``fedavg`` (nfl.mode = off), ``detect`` (detect-and-recover),
 ``always`` (always-recover), ``holdouts`` (detect-and-recover, 50% of the benign clients opt out). NR and c are
 scaled to the run (``--nr``, ``--c``). A run that exceeds ``--timeout`` is stopped; its completed rounds stay in
-its ``rounds.jsonl`` (the server persists every round) and the summary says how many rounds it reached.
+its ``rounds.jsonl`` (the server persists every round) and the summary says how many rounds it reached; running
+the same command again resumes every unfinished run from its last completed round (``tools.launch --resume``) and
+skips finished ones, so a machine with a per-command time limit completes the experiment over several commands.
 
 ``summarize`` reads every run's ``rounds.jsonl`` and prints one row per (environment, arm, client group), means
 over seeds of the last 10 rounds' values:
@@ -45,7 +47,11 @@ ARMS = {
 def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "tools.launch", "--config", ENVS[env], "--run-dir", str(run_dir), "--seed",
            str(seed), "--procs", str(args.procs), *ARMS[arm], "--server-set", f"nfl.nr={args.nr}",
-           "--server-set", f"nfl.c={args.c}"]
+           "--server-set", f"nfl.c={args.c}",
+           # round 1 waits for all N clients, which first train their private models: give them time
+           "--server-set", f"rounds.sampling_timeout_s={args.sampling_timeout}"]
+    if (run_dir / "state").is_dir():
+        cmd.append("--resume")  # a run stopped at the time limit goes on from its last completed round
     if args.rounds:
         cmd += ["--rounds", str(args.rounds)]
     if args.private_epochs is not None:
@@ -53,6 +59,11 @@ def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir
     if args.device:
         cmd += ["--device", args.device]
     return cmd
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether the run's server completed its federation (its final model is written then)."""
+    return (run_dir / "final_model.fgt").exists()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
             e, a, s = jobs.pop(0)
             name = f"{e}-{a}-s{s}"
             run_dir = out / name
+            if _finished(run_dir):
+                print(f"[{time.monotonic() - t0:7.1f}s] {name} already finished", flush=True)
+                continue
             run_dir.mkdir(parents=True, exist_ok=True)
             log = open(run_dir / "launch.txt", "wb")  # noqa: SIM115 (closed when the run ends)
             p = subprocess.Popen(_launch_cmd(e, a, s, args, run_dir), stdout=log, stderr=subprocess.STDOUT,
@@ -180,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--c", type=int, default=20)
     r.add_argument("--timeout", type=float, default=0.0, help="stop a run after this many seconds (0: never)")
     r.add_argument("--device", default="")
+    r.add_argument("--sampling-timeout", type=float, default=3600.0,
+                   help="rounds.sampling_timeout_s: how long round 1 waits for the fleet (private models first)")
     s = sub.add_parser("summarize")
     s.add_argument("dir")
     s.add_argument("--md", default="")
