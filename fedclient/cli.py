@@ -31,8 +31,8 @@ _FLAGS = {
     "dataset": (str, "this client's own dataset (default: the server's, with its partition options only)"),
     "state_dir": (str, "directory that keeps the client's identity across restarts"),
     "data_index": (int, "shard index of the server's dataset (simulation)"),
-    "trainer": (str, "flguard (default: local SGD, FL-GUARD adaptation while recovering), vanilla, or noop "
-                     "(return the model at once; benchmarks)"),
+    "trainer": (str, "this client's own trainer (default: the method the server announces, [recovery] method): "
+                     "flguard, ditto, apfl, ft, fb, vanilla, or noop (return the model at once; benchmarks)"),
     "straggler_delay": (float, "simulated extra seconds before each upload"),
     "long_poll": (float, "longest server-side wait of one poll, seconds"),
     "give_up_after": (float, "stop after this many seconds without the server (0 = never)"),

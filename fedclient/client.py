@@ -49,6 +49,7 @@ from fedcore.trust import (
     TrustError,
     announced_data,
     announced_model,
+    announced_trainer,
     build_announced_model,
     check_announcement,
     check_json,
@@ -323,6 +324,8 @@ class FedClient:
                         self.model = self._model_factory(fed)()
                 self.model.to(self.device)
             dataset, data_options = announced_data(fed, self.config.dataset, self.config.data_options)
+            if not self.config.trainer:
+                self.local.use_method(*announced_trainer(fed))
         except TrustError as e:
             raise FedClientError(f"refused the server's announcement: {e}") from None
         server_manifest = list(fed.model_spec)

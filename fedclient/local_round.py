@@ -33,6 +33,7 @@ from fedcore.nfl import individual as ind
 from fedcore.seeds import round_seeds
 from fedcore.train import evaluate
 from fedcore.train.trainers import (
+    Trainer,
     TrainerState,
     TrainerStateError,
     beta_hat,
@@ -60,10 +61,22 @@ class LocalRound:
         self.config = config
         self.client_id = client_id
         self.log = log
-        self.trainer = make_trainer(config.trainer, config.trainer_options)
+        # The client's own trainer, else the server's [recovery] method once it is known (:meth:`use_method`).
+        self._trainer: Trainer | None = make_trainer(config.trainer, config.trainer_options) if config.trainer else None
         self._tstate: TrainerState | None = None
         self._individual: ind.IndividualState | None = None
         self._inference_model: nn.Module | None = None
+
+    @property
+    def trainer(self) -> Trainer:
+        if self._trainer is None:
+            raise LocalRoundError("no trainer yet: the federation's recovery method is learnt at join")
+        return self._trainer
+
+    def use_method(self, name: str, options: dict[str, Any]) -> None:
+        """Train with the federation's announced method (a client's own ``trainer`` wins)."""
+        if not self.config.trainer:
+            self._trainer = make_trainer(name, options)
 
     # ---- state ----
 
@@ -97,6 +110,8 @@ class LocalRound:
             recovery_flag: bool, learning_rate: float | None, private_accuracy: float | None) -> RoundOutcome:
         """Run round ``round_`` with the received model loaded in ``model``; ``model`` ends as the update."""
         cfg = self.config
+        if self._trainer is None:
+            self.use_method(fed.recovery_method, fed.recovery_options)
         tstate = self._trainer_state(model)
         received = model.state_dict()
         adapted = None if cfg.opt_out else self.trainer.inference_state(tstate, received)

@@ -144,6 +144,17 @@ class PersistenceConfig:
 
 
 @dataclass
+class RecoveryConfig:
+    """The clients' recovery (personalization) method, announced at join (SPEC §7): a trainer registered on the
+    clients (:data:`fedcore.train.trainers.TRAINERS`) and its options. ``flguard``: FL-GUARD model adaptation;
+    ``ditto``, ``apfl``, ``ft``, ``fb``: the personalization baselines; ``vanilla``: none. A client that names its
+    own ``trainer`` uses that instead."""
+
+    method: str = "flguard"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class SecurityConfig:
     """Transport security and client authentication (see docs in fedguard/certs.py and fedguard/signing.py)."""
 
@@ -174,6 +185,7 @@ class ServerConfig:
     persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
     nfl: NflConfig = field(default_factory=NflConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
 
     def validate(self) -> ServerConfig:
         validate_server_config(self)
@@ -204,6 +216,9 @@ class FederationInfo:
     # FL-GUARD's NR and c, for the clients' individual-level measures (FL-GUARD §4.3).
     nfl_nr: int = 50
     nfl_c: int = 50
+    # The server's [recovery] method and options (a client's own ``trainer`` wins).
+    recovery_method: str = "flguard"
+    recovery_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -234,11 +249,12 @@ class ClientConfig:
     backoff_max_s: float = 10.0
     # Give up after this many seconds without reaching the server; 0 retries forever.
     give_up_after_s: float = 120.0
-    # The client's trainer, by registered name (fedcore.train.trainers.TRAINERS): "flguard" (local SGD/FedProx;
+    # The client's own trainer, by registered name (fedcore.train.trainers.TRAINERS); empty: the method the server
+    # announces ([recovery] method, default "flguard"). "flguard" (local SGD/FedProx;
     # FL-GUARD model adaptation while recovery is on), "vanilla" (local SGD/FedProx, no recovery method), "noop"
     # (returns the received model at once: benchmarks, protocol tests).
-    trainer: str = "flguard"
-    # The trainer's options, e.g. {l_fb = 2} for flguard's partial-layer adaptation.
+    trainer: str = ""
+    # The trainer's options, e.g. {l_fb = 2} for flguard's partial-layer adaptation (with ``trainer`` only).
     trainer_options: dict[str, Any] = field(default_factory=dict)
     # A vanilla holdout (FL-GUARD §4.4): never adapts, infers with the received model, still reports beta_hat_i.
     opt_out: bool = False
@@ -317,6 +333,15 @@ def validate_server_config(c: ServerConfig) -> None:
     except ValueError as e:
         raise _aggregation_error(e) from None
     c.nfl.validate("nfl")
+    from fedcore.train.trainers import TRAINERS, make_trainer
+    _check(c.recovery.method in TRAINERS, "recovery.method",
+           f"unknown method {c.recovery.method!r}; known: {', '.join(TRAINERS.names())}")
+    try:
+        make_trainer(c.recovery.method, c.recovery.options)
+    except ConfigError as e:
+        message = str(e).partition(": ")[2]
+        raise ConfigError("recovery.options" if e.field == "trainer" else f"recovery.options.{e.field}",
+                          message) from None
     sec = c.security
     if not sec.insecure:
         _check(bool(sec.tls_cert and sec.tls_key), "security.tls_cert",
@@ -377,9 +402,13 @@ def validate_client_config(c: ClientConfig) -> None:
            f"need 0 < backoff_initial_s <= backoff_max_s, got {c.backoff_initial_s} and {c.backoff_max_s}")
     _check(c.give_up_after_s >= 0, "give_up_after_s", f"must be >= 0, got {c.give_up_after_s}")
     from fedcore.train.trainers import TRAINERS, make_trainer
-    _check(c.trainer in TRAINERS, "trainer", f"unknown trainer {c.trainer!r}; known: {', '.join(TRAINERS.names())}")
+    _check(not c.trainer or c.trainer in TRAINERS, "trainer",
+           f"unknown trainer {c.trainer!r}; known: {', '.join(TRAINERS.names())}")
+    _check(bool(c.trainer) or not c.trainer_options, "trainer_options",
+           "options need a trainer (the server's method comes with its own options)")
     try:
-        make_trainer(c.trainer, c.trainer_options)
+        if c.trainer:
+            make_trainer(c.trainer, c.trainer_options)
     except ConfigError as e:
         message = str(e).partition(": ")[2]
         raise ConfigError("trainer_options" if e.field == "trainer" else f"trainer_options.{e.field}",

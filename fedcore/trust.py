@@ -153,6 +153,22 @@ def announced_data(fed: FederationInfo, own_dataset: str = "",
     return name, {**fed.data_options, **own}
 
 
+def announced_trainer(fed: FederationInfo) -> tuple[str, dict[str, Any]]:
+    """The recovery method (a trainer registered on this client) and options the server announces."""
+    from fedcore.train.trainers import TRAINERS, make_trainer
+
+    name = fed.recovery_method
+    if name not in TRAINERS:
+        raise TrustError("recovery_method", f"{name[:80]!r} is not a trainer this client knows "
+                         f"({', '.join(TRAINERS.names())}); a client can name its own with --trainer")
+    check_json(fed.recovery_options, "recovery_options_json")
+    try:
+        make_trainer(name, fed.recovery_options)
+    except (ConfigError, ValueError) as e:
+        raise TrustError("recovery_options_json", str(e)) from None
+    return name, dict(fed.recovery_options)
+
+
 def check_announcement(fed: FederationInfo) -> None:
     """Numbers of the announcement in range (model and data are checked where they are used)."""
     try:
@@ -173,5 +189,5 @@ def check_announcement(fed: FederationInfo) -> None:
             raise TrustError(name, "must be at most 128 printable characters")
 
 
-__all__ = ["TrustError", "announced_data", "announced_model", "build_announced_model", "check_announcement",
-           "check_json", "check_model_size"]
+__all__ = ["TrustError", "announced_data", "announced_model", "announced_trainer", "build_announced_model",
+           "check_announcement", "check_json", "check_model_size"]

@@ -90,7 +90,8 @@ def federation_to_pb(f: FederationInfo) -> pb.FederationConfig:
         model_kwargs_json=json.dumps(f.model_kwargs, sort_keys=True), model_fingerprint=f.model_fingerprint,
         model_spec=metas_to_pb(f.model_spec), training=training_to_pb(f.training), dataset=f.dataset,
         data_options_json=json.dumps(f.data_options, sort_keys=True), num_rounds=f.num_rounds, seed=f.seed,
-        nfl_mode=f.nfl_mode, chunk_bytes=f.chunk_bytes, nfl_nr=f.nfl_nr, nfl_c=f.nfl_c)
+        nfl_mode=f.nfl_mode, chunk_bytes=f.chunk_bytes, nfl_nr=f.nfl_nr, nfl_c=f.nfl_c,
+        recovery_method=f.recovery_method, recovery_options_json=json.dumps(f.recovery_options, sort_keys=True))
 
 
 def federation_from_pb(p: pb.FederationConfig) -> FederationInfo:
@@ -102,7 +103,8 @@ def federation_from_pb(p: pb.FederationConfig) -> FederationInfo:
         training=training_from_pb(p.training), dataset=p.dataset,
         data_options=_json_object(p.data_options_json, "data_options_json"), num_rounds=int(p.num_rounds),
         seed=int(p.seed), nfl_mode=p.nfl_mode, chunk_bytes=int(p.chunk_bytes),
-        nfl_nr=int(p.nfl_nr), nfl_c=int(p.nfl_c))
+        nfl_nr=int(p.nfl_nr), nfl_c=int(p.nfl_c), recovery_method=p.recovery_method or "flguard",
+        recovery_options=_json_object(p.recovery_options_json, "recovery_options_json"))
 
 
 def _json_object(raw: str, name: str) -> dict[str, Any]:

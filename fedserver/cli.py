@@ -62,6 +62,8 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "epsilon": ("nfl.epsilon", float, "delta: the threshold epsilon on delta"),
     "r_prime": ("nfl.r_prime", int, "delta: report NFL after more than r' rounds with delta > epsilon"),
     "recovery": ("nfl.recovery", str, "long-term (never stops) or short-term (stops at the cancel)"),
+    "recovery_method": ("recovery.method", str, "the clients' recovery method: flguard (default), ditto, apfl, ft, fb, "
+                                               "or vanilla (none)"),
 }
 
 
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-k", dest="clients_per_round", type=int, help="same as --clients-per-round")
     ap.add_argument("--model-kwargs", help="JSON object of model factory arguments [model.kwargs]")
     ap.add_argument("--data-options", help="JSON object of dataset options [data.options]")
+    ap.add_argument("--recovery-options", help="JSON object of the recovery method's options [recovery.options]")
     ap.add_argument("--log-json", action="store_true", default=None, help="JSON log lines [server.log_json]")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="[server.log_level]")
     ap.add_argument("--linger", type=float, default=10.0,
@@ -97,7 +100,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         value = getattr(args, flag)
         if value is not None:
             overrides.append((path.split("."), value))
-    for flag, path in (("model_kwargs", "model.kwargs"), ("data_options", "data.options")):
+    for flag, path in (("model_kwargs", "model.kwargs"), ("data_options", "data.options"),
+                       ("recovery_options", "recovery.options")):
         raw = getattr(args, flag)
         if raw is not None:
             try:

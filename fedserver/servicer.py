@@ -86,7 +86,8 @@ class FederationServicer:
             model_fingerprint=coordinator.fingerprint, model_spec=tuple(coordinator.manifest),
             training=cfg.training, dataset=cfg.data.dataset, data_options=announced,
             num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed, nfl_mode=cfg.nfl.mode,
-            chunk_bytes=cfg.server.chunk_bytes, nfl_nr=cfg.nfl.nr, nfl_c=cfg.nfl.c))
+            chunk_bytes=cfg.server.chunk_bytes, nfl_nr=cfg.nfl.nr, nfl_c=cfg.nfl.c,
+            recovery_method=cfg.recovery.method, recovery_options=cfg.recovery.options))
 
     async def _refuse(self, context: grpc.aio.ServicerContext, method: str, e: ProtocolError) -> Any:
         self.refused += 1

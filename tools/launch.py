@@ -360,7 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--server-set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--virtual", action="store_true", default=None, help="host many clients per process (threads)")
     ap.add_argument("--procs", type=int, help="client processes in --virtual mode (default 2)")
-    ap.add_argument("--trainer", choices=TRAINER_CHOICES, help="default flguard (FL-GUARD adaptation as recovery)")
+    ap.add_argument("--trainer", choices=TRAINER_CHOICES,
+                    help="the clients' own trainer (default: the server's [recovery] method, flguard unless "
+                         "configured; e.g. --server-set recovery.method='ditto')")
     ap.add_argument("--holdouts", type=float,
                     help="fraction of the benign clients that opt out of recovery (vanilla holdouts; default 0)")
     ap.add_argument("--nfl-mode", choices=["detect-and-recover", "always-recover", "off"],
@@ -401,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         wp.add_argument("--server", required=True)
         wp.add_argument("--first", type=int, required=True)
         wp.add_argument("--count", type=int, required=True)
-        wp.add_argument("--trainer", default="flguard")
+        wp.add_argument("--trainer", default="", help="empty: the server's [recovery] method")
         wp.add_argument("--straggler-delay", type=float, default=0.0)
         wp.add_argument("--private-epochs", type=int, default=0)
         wp.add_argument("--attackers", default="", help="comma-separated client indices")
@@ -420,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     args.server_config = None
     if args.config:
         launch_opts, args.server_config = split_experiment(args.config, run_dir)
-    defaults = {"clients": 10, "virtual": False, "procs": 2, "trainer": "flguard", "attackers": 0.0, "holdouts": 0.0,
+    defaults = {"clients": 10, "virtual": False, "procs": 2, "trainer": "", "attackers": 0.0, "holdouts": 0.0,
                 "private_epochs": 0, "rounds": None if args.config else 20, "k": None, "device": "cpu"}
     for key, default in defaults.items():
         if getattr(args, key) is None:

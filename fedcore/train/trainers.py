@@ -79,6 +79,7 @@ class TrainerState:
     - ``rounds_adapted``: rounds in which vᵢ was trained.
     - ``metrics``: the last round's adaptation statistics (``adapt_loss``, ``adapt_ce``, ``lambda_mean``,
       ``lambda_min``, ``lambda_max``, ``adapt_steps``, ``adapt_diverged``), empty for a round without adaptation.
+    - ``scalars``: a trainer's own numbers carried across rounds (e.g. APFL's mixing weight α), persisted.
     """
 
     adapted: dict[str, torch.Tensor] | None = None
@@ -86,6 +87,7 @@ class TrainerState:
     frozen_keys: tuple[str, ...] = ()
     rounds_adapted: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
 
 
 class TrainerStateError(ValueError):
@@ -106,6 +108,7 @@ def save_trainer_state(state_dir: str | os.PathLike[str], state: TrainerState) -
         "frozen_keys": list(state.frozen_keys),
         "rounds_adapted": state.rounds_adapted,
         "metrics": {k: float(v) for k, v in state.metrics.items()},
+        "scalars": {k: float(v) for k, v in state.scalars.items()},
     }
     tensors = {k: v.detach().cpu() for k, v in (state.adapted or {}).items()}
     save_state(path, tensors, extra)
@@ -131,16 +134,19 @@ def load_trainer_state(state_dir: str | os.PathLike[str]) -> TrainerState | None
                                 f"(format {extra.get('format')!r}, version {extra.get('version')!r})")
     has_adapted, active = extra.get("has_adapted"), extra.get("active")
     frozen, rounds, metrics = extra.get("frozen_keys"), extra.get("rounds_adapted"), extra.get("metrics")
+    scalars = extra.get("scalars", {})  # absent in files written before trainers had scalars
     if not (isinstance(has_adapted, bool) and isinstance(active, bool) and isinstance(rounds, int)
             and isinstance(frozen, list) and all(isinstance(k, str) for k in frozen)
-            and isinstance(metrics, dict) and all(isinstance(v, (int, float)) for v in metrics.values())):
+            and isinstance(metrics, dict) and all(isinstance(v, (int, float)) for v in metrics.values())
+            and isinstance(scalars, dict) and all(isinstance(v, (int, float)) for v in scalars.values())):
         raise TrainerStateError(f"{path}: corrupt trainer state metadata")
     if not has_adapted and tensors:
         raise TrainerStateError(f"{path}: corrupt trainer state (tensors without an adapted model)")
     # load_state's tensors view one shared buffer: give each its own storage.
     adapted = {k: v.clone() for k, v in tensors.items()} if has_adapted else None
     return TrainerState(adapted=adapted, active=active, frozen_keys=tuple(frozen), rounds_adapted=rounds,
-                        metrics={str(k): float(v) for k, v in metrics.items()})
+                        metrics={str(k): float(v) for k, v in metrics.items()},
+                        scalars={str(k): float(v) for k, v in scalars.items()})
 
 
 def _check_adapted_matches(adapted: Mapping[str, torch.Tensor], model: nn.Module) -> None:

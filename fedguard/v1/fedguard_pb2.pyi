@@ -106,7 +106,7 @@ class TrainingConfig(_message.Message):
     def __init__(self, local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., lr_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ..., prox_mu: _Optional[float] = ...) -> None: ...
 
 class FederationConfig(_message.Message):
-    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode", "chunk_bytes", "nfl_nr", "nfl_c")
+    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode", "chunk_bytes", "nfl_nr", "nfl_c", "recovery_method", "recovery_options_json")
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,8 @@ class FederationConfig(_message.Message):
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     NFL_NR_FIELD_NUMBER: _ClassVar[int]
     NFL_C_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_METHOD_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     model_name: str
     model_kwargs_json: str
@@ -135,7 +137,9 @@ class FederationConfig(_message.Message):
     chunk_bytes: int
     nfl_nr: int
     nfl_c: int
-    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., nfl_nr: _Optional[int] = ..., nfl_c: _Optional[int] = ...) -> None: ...
+    recovery_method: str
+    recovery_options_json: str
+    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., nfl_nr: _Optional[int] = ..., nfl_c: _Optional[int] = ..., recovery_method: _Optional[str] = ..., recovery_options_json: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("session_id", "config", "heartbeat_interval_s", "client_index")

@@ -102,3 +102,14 @@ def test_json_config_files_and_toml_literals(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="JSON object"):
         build_config(ServerConfig, tmp_path / "bad.json")
+
+
+def test_the_recovery_method_and_its_options_are_checked_naming_the_field() -> None:
+    for override, field in (("recovery.method='bogus'", "recovery.method"),
+                            ("recovery.options={l_fb = -1}", "recovery.options"),
+                            ("recovery.options={nope = 1}", "recovery.options")):
+        with pytest.raises(ConfigError) as e:
+            build_config(ServerConfig, None, [parse_override(override), parse_override("security.insecure=true")])
+        assert e.value.field.startswith(field), (override, e.value)
+    with pytest.raises(ConfigError, match="trainer_options: options need a trainer"):
+        ClientConfig(trainer_options={"l_fb": 1}).validate()
