@@ -56,6 +56,9 @@ class RoundReport:
     test_accuracy_holdout: float = NAN
     # The participants' local training seconds, summed (client compute; "train_seconds" of each update).
     client_seconds: float = 0.0
+    # The participants' forward/backward passes relative to vanilla training of the round, averaged (1.0 =
+    # vanilla; FL-GUARD adaptation 2.0; each trainer's "passes" metric, 1.0 when it reports none).
+    client_passes: float = NAN
     # The NFL detector after this round: "off", "always" (always-recover), "watching" or "reported"; its
     # count (negative beta_hat rounds since the last cancel, or rounds with delta > epsilon); whether the next
     # round's tasks carry recovery.

@@ -96,6 +96,7 @@ def build_report(log: RoundLog, state: rm.RoundState, reason: str, central: floa
         test_accuracy_adapting=mean([a for c, a in acc.items() if c not in attackers | holdouts]),
         test_accuracy_holdout=mean([a for c, a in acc.items() if c in holdouts and c not in attackers]),
         client_seconds=math.fsum(r.metrics.get("train_seconds", 0.0) for r in reports.values()),
+        client_passes=mean([r.metrics.get("passes", 1.0) for r in reports.values()]),
         seconds=seconds, outcome=reason, metrics=metrics,
     )
 

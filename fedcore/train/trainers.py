@@ -497,7 +497,9 @@ def flguard_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
         metrics = {"adapt_loss": la, "adapt_ce": ce, "lambda_mean": float(adapter.lam_sum) / n,
                    "lambda_min": float(adapter.lam_min) if steps else math.nan,
                    "lambda_max": float(adapter.lam_max) if steps else math.nan,
-                   "adapt_steps": float(steps), "adapt_diverged": 1.0 if diverged else 0.0}
+                   "adapt_steps": float(steps), "adapt_diverged": 1.0 if diverged else 0.0,
+                   # per batch: the global copy's forward/backward plus vᵢ's (λ reuses vᵢ's gradient)
+                   "passes": 1.0 + steps / max(res.steps, 1)}
         adapted = before if diverged else {k: v.detach().to("cpu", copy=True)
                                            for k, v in adapter.model.state_dict().items()}
         return res, TrainerState(adapted=adapted, active=True, frozen_keys=frozen_keys,

@@ -11,7 +11,7 @@ import torch
 
 from fedcore.config import FederationInfo, TrainingConfig
 from fedcore.trust import TrustError, announced_trainer
-from tests.integration.test_nfl import N, _final_model, _run, server_config
+from tests.integration.test_nfl import N, _final_model, _rows, _run, server_config
 
 
 def _cfg(tmp_path: Path, name: str, method: str, options: dict[str, Any] | None = None) -> Any:
@@ -26,6 +26,10 @@ def test_the_announced_method_runs_and_never_changes_the_global_model(tmp_path: 
     # vanilla has no recovery method: nobody ever infers with a personal model; flguard adapts from round 1.
     assert all(h["infers_adapted"] == 0.0 for s in summaries["vanilla"] for h in s.history)
     assert all([h["infers_adapted"] for h in s.history] == [0.0, 1.0, 1.0] for s in summaries["flguard"])
+    # Client compute relative to vanilla training, per round in rounds.jsonl: adaptation doubles the passes.
+    assert [r.client_passes for r in _rows(runs["vanilla"])] == [1.0] * 3
+    assert [r.client_passes for r in _rows(runs["flguard"])] == [2.0] * 3
+    assert all(r.client_seconds > 0 for r in _rows(runs["flguard"]))
     base = _final_model(runs["vanilla"])
     other = _final_model(runs["flguard"])
     assert all(torch.equal(other[k], v) for k, v in base.items())
