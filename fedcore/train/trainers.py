@@ -556,3 +556,13 @@ def beta_hat(inference_model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor
     if len(yb) == 0:
         raise ValueError("beta_hat: empty batch")
     return evaluate(inference_model, xb, yb, batch_size=max(len(yb), 1)).accuracy - float(private_accuracy)
+
+
+# The personalization baselines (FL-GUARD §5.2–5.4): Ditto, APFL, fine-tuning (FT) and fine-tuning the classifier
+# (FB). Imported here, after TRAINERS exists, because they build on this module's seam.
+from fedcore.train.personal import apfl_trainer, ditto_trainer, fb_trainer, ft_trainer  # noqa: E402
+
+TRAINERS.add("ditto", ditto_trainer)
+TRAINERS.add("apfl", apfl_trainer)
+TRAINERS.add("ft", ft_trainer)
+TRAINERS.add("fb", fb_trainer)
