@@ -114,15 +114,21 @@ class LocalRound:
             self.use_method(fed.recovery_method, fed.recovery_options)
         tstate = self._trainer_state(model)
         received = model.state_dict()
-        adapted = None if cfg.opt_out else self.trainer.inference_state(tstate, received)
         infer = model
-        if adapted is not None:
-            if self._inference_model is None:
-                self._inference_model = copy.deepcopy(model)
-            self._inference_model.load_state_dict(adapted)
-            infer = self._inference_model
+        personal = False
+        if not cfg.opt_out and self.trainer.inference_module is not None:
+            module = self.trainer.inference_module(tstate, model)
+            if module is not None:
+                infer, personal = module, True
+        elif not cfg.opt_out:
+            adapted = self.trainer.inference_state(tstate, received)
+            if adapted is not None:
+                if self._inference_model is None:
+                    self._inference_model = copy.deepcopy(model)
+                self._inference_model.load_state_dict(adapted)
+                infer, personal = self._inference_model, True
         ev = evaluate(infer, data.x_test, data.y_test)
-        metrics = {"test_accuracy": ev.accuracy, "test_loss": ev.loss, "infers_adapted": float(adapted is not None)}
+        metrics = {"test_accuracy": ev.accuracy, "test_loss": ev.loss, "infers_adapted": float(personal)}
         seeds = round_seeds(fed.seed, self.client_id, round_)
         measured: float | None = None
         if private_accuracy is not None and data.num_train:

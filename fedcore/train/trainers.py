@@ -194,12 +194,18 @@ class Trainer:
     - ``inference_state(state, received=None)``: the weights the client infers with (and computes β̂ᵢ with):
       the adapted model when one exists (during adaptation and after it stopped), else ``None`` meaning "the
       received global model".
+    - ``inference_module(state, received_model)`` (optional): the module the client infers with, for methods
+      whose inference is not the global architecture (LINDT's local model fed by the global one's layers).
     """
 
     name: str
     init: Callable[[nn.Module], TrainerState]
     train: TrainFn
     inference_state: InferenceFn
+    # For a method whose inference model is not the global architecture with other weights (LINDT's dual model):
+    # ``inference_module(state, received_model)`` builds the module the client infers with (or None: the received
+    # model). When set, it is used instead of ``inference_state``.
+    inference_module: Callable[[TrainerState, nn.Module], nn.Module | None] | None = None
 
 
 def inference_state(state: TrainerState, received: Mapping[str, torch.Tensor] | None = None) -> dict[
