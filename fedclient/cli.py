@@ -1,7 +1,10 @@
 """``fedclient``: take part in a federation from this device.
 
 By default the client builds the model the server announces and derives its data shard from the
-server's dataset (simulation); ``--data-index`` picks the shard. Exit status: 0 when the federation
+server's dataset (simulation); ``--data-index`` picks the shard. TLS by default (``--ca-cert``; mutual TLS with
+``--cert``/``--key``; ``--signing-key`` signs every request); plaintext only with ``--insecure``. A server can
+name only built-in models, registered datasets and trainers and non-path data options: anything else it
+announces is refused (exit 2). Exit status: 0 when the federation
 finished, 2 for a bad configuration or a refused join (e.g. a model mismatch), 1 otherwise.
 """
 

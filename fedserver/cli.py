@@ -7,6 +7,9 @@ does nothing for a finished one; ``--fresh`` moves the old state aside into ``RU
 over. A configuration that would change the stored federation (model, data, training, aggregation, seed, K)
 is refused, naming the field.
 
+Transport: TLS with --tls-cert/--tls-key (fedguard-certs makes them), mutual TLS with --client-ca (the client
+id is the certificate's), signed requests with --client-keys; plaintext only with an explicit --insecure.
+
 SIGTERM or SIGINT stops gracefully: no more updates are taken, the state is saved, polling clients are told
 to come back, and the exit status is 4; the next start resumes.
 
