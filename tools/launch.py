@@ -46,7 +46,7 @@ COLUMNS = ("round", "selected", "accepted", "rejected", "train_loss", "test_acc"
            "adapt", "nfl", "seconds")
 LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_epochs", "rounds", "k", "trainer",
                "device", "holdouts"}
-TRAINER_CHOICES = ("flguard", "ditto", "apfl", "ft", "fb", "vanilla", "noop")
+TRAINER_CHOICES = ("flguard", "lindt", "ditto", "apfl", "ft", "fb", "vanilla", "noop")
 
 
 def _free_port() -> int:

@@ -564,11 +564,20 @@ def beta_hat(inference_model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor
     return evaluate(inference_model, xb, yb, batch_size=max(len(yb), 1)).accuracy - float(private_accuracy)
 
 
-# The personalization baselines (FL-GUARD §5.2–5.4): Ditto, APFL, fine-tuning (FT) and fine-tuning the classifier
-# (FB). Imported here, after TRAINERS exists, because they build on this module's seam.
-from fedcore.train.personal import apfl_trainer, ditto_trainer, fb_trainer, ft_trainer  # noqa: E402
+# The personalization baselines (FL-GUARD §5.2–5.4: Ditto, APFL, fine-tuning FT, classifier fine-tuning FB) and
+# LINDT's dual model live in their own modules, which build on this one: registered here by name and imported when
+# a trainer is made, so that either module can be imported first.
+def _deferred(module: str, name: str) -> TrainerFactory:
+    def factory(options: Mapping[str, Any] | None = None) -> Trainer:
+        import importlib
 
-TRAINERS.add("ditto", ditto_trainer)
-TRAINERS.add("apfl", apfl_trainer)
-TRAINERS.add("ft", ft_trainer)
-TRAINERS.add("fb", fb_trainer)
+        table: dict[str, TrainerFactory] = importlib.import_module(module).TRAINERS_HERE
+        return table[name](options)
+
+    factory.__name__ = f"{name}_trainer"
+    return factory
+
+
+for _module, _names in (("fedcore.train.personal", ("ditto", "apfl", "ft", "fb")), ("fedcore.train.lindt", ("lindt",))):
+    for _name in _names:
+        TRAINERS.add(_name, _deferred(_module, _name))

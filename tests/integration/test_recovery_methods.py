@@ -21,8 +21,12 @@ def _cfg(tmp_path: Path, name: str, method: str, options: dict[str, Any] | None 
 
 
 def test_every_announced_method_runs_and_none_changes_the_global_model(tmp_path: Path) -> None:
-    methods = ["vanilla", "flguard", "ditto", "apfl", "ft", "fb"]
-    runs = {m: _cfg(tmp_path, m, m) for m in methods}
+    methods = ["vanilla", "flguard", "ditto", "apfl", "ft", "fb", "lindt-detached"]
+    runs = {m: _cfg(tmp_path, m, m) for m in methods[:-1]}
+    # LINDT trains the global copy on Eq. 10 (the local loss reaches it through the attaching modules) unless
+    # detach_global: only then is its update the vanilla one.
+    runs["lindt-detached"] = _cfg(tmp_path, "lindt-detached", "lindt", {"detach_global": True})
+    runs["lindt"] = _cfg(tmp_path, "lindt", "lindt")
     summaries = {m: _run(cfg)[1] for m, cfg in runs.items()}
     # vanilla has no recovery method: nobody ever infers with a personal model; the others personalise from round 1
     # on and infer with the personal model from round 2.
@@ -39,6 +43,9 @@ def test_every_announced_method_runs_and_none_changes_the_global_model(tmp_path:
     for m in methods[1:]:
         other = _final_model(runs[m])
         assert all(torch.equal(other[k], v) for k, v in base.items()), m
+    lindt = _final_model(runs["lindt"])
+    assert not all(torch.equal(lindt[k], v) for k, v in base.items())
+    assert all([h["infers_adapted"] for h in s.history] == [0.0, 1.0, 1.0] for s in summaries["lindt"])
     # A client's own trainer wins over the announcement.
     _, own = _run(_cfg(tmp_path, "own", "vanilla"), options={0: {"trainer": "ditto"}})
     assert [h["infers_adapted"] for h in own[0].history] == [0.0, 1.0, 1.0]
