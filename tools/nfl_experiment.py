@@ -6,7 +6,9 @@
 ``run`` launches every (environment, arm, seed) as its own federation (``python -m tools.launch --config
 configs/mnist_{nfl,ideal}.toml``, real fedserver and virtual fedclient processes over loopback), ``--parallel`` at a
 time, each in ``OUT/<env>-<arm>-s<seed>/``. Arms: ``fedavg`` (nfl.mode = off), ``detect`` (detect-and-recover),
-``always`` (always-recover), ``holdouts`` (detect-and-recover, 50% of the benign clients opt out). NR and c are
+``always`` (always-recover), ``holdouts`` (detect-and-recover, 50% of the benign clients opt out); for the recovery
+methods side by side also ``fedprox`` and ``lindt``, ``ditto``, ``apfl``, ``ft``, ``fb`` (detect-and-recover with that
+``[recovery] method``). NR and c are
 scaled to the run (``--nr``, ``--c``). A run that exceeds ``--timeout`` is stopped; its completed rounds stay in
 its ``rounds.jsonl`` (the server persists every round) and the summary says how many rounds it reached; running
 the same command again resumes every unfinished run from its last completed round (``tools.launch --resume``) and
@@ -42,11 +44,19 @@ ARMS = {
     "always": ["--nfl-mode", "always-recover"],
     "holdouts": ["--nfl-mode", "detect-and-recover", "--holdouts", "0.5"],
 }
+# The recovery methods side by side (issue 11; LINDT Table 3, FL-GUARD §5.2-5.4): each detect-and-recover with the
+# method announced by the server ([recovery] method); FedProx is FedAvg with the proximal term.
+METHOD_ARMS = {
+    "fedprox": ["--nfl-mode", "off", "--server-set", "training.prox_mu=0.01"],
+    **{m: ["--nfl-mode", "detect-and-recover", "--server-set", f"recovery.method='{m}'"]
+       for m in ("lindt", "ditto", "apfl", "ft", "fb")},
+}
+ALL_ARMS = {**ARMS, **METHOD_ARMS}
 
 
 def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "tools.launch", "--config", ENVS[env], "--run-dir", str(run_dir), "--seed",
-           str(seed), "--procs", str(args.procs), *ARMS[arm], "--server-set", f"nfl.nr={args.nr}",
+           str(seed), "--procs", str(args.procs), *ALL_ARMS[arm], "--server-set", f"nfl.nr={args.nr}",
            "--server-set", f"nfl.c={args.c}",
            # round 1 waits for all N clients, which first train their private models: give them time
            "--server-set", f"rounds.sampling_timeout_s={args.sampling_timeout}"]
@@ -140,7 +150,7 @@ def summarize(args: argparse.Namespace) -> int:
     lines = ["| env | arm | clients | seeds | rounds | acc | beta | mean abs(beta_hat - beta) | detect round | "
              "cancel round | compute vs FedAvg |", "|" + " --- |" * 11]
     for env in ENVS:
-        for arm in ARMS:
+        for arm in ALL_ARMS:
             groups = [("adapting", "test_accuracy_adapting", "beta_adapting"),
                       ("holdouts", "test_accuracy_holdout", "beta_holdout")] if arm == "holdouts" else [
                 ("benign", "test_accuracy_benign", "beta_benign")]
@@ -185,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default="runs/nfl_exp")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
-    r.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    r.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ALL_ARMS),
+                   help="default: the FL-GUARD arms; the methods comparison adds fedprox lindt ditto apfl ft fb")
     r.add_argument("--parallel", type=int, default=2)
     r.add_argument("--procs", type=int, default=1, help="client processes per run")
     r.add_argument("--rounds", type=int, default=0, help="0: the config's (150)")
