@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,13 +33,14 @@ from fedcore.config import ConfigError, TrainingConfig, from_dict
 from fedcore.models.zoo import BlockModel
 from fedcore.seeds import RoundSeeds, derive_seed
 from fedcore.train import Batches, TrainResult, deterministic_dropout, model_device, shuffled_batches, train_local
-
-if TYPE_CHECKING:
-    from fedcore.train.trainers import Trainer, TrainerFactory, TrainerState
-
-# fedcore.train.trainers registers LINDT_TRAINERS at its end (like fedcore.train.personal's trainers), so this
-# module imports it only inside functions: importing either module first then works (no partially initialised
-# module on either side of the cycle).
+from fedcore.train.trainers import (
+    Trainer,
+    TrainerFactory,
+    TrainerState,
+    cpu_state,
+    inference_state,
+    personal_copy,
+)
 
 LINDT = "lindt"
 # Guard of Eq. 8's denominator: ‖Lᵐ‖ = 0 gives score = sigmoid(0) = 1/2 instead of 0/0.
@@ -187,31 +188,13 @@ class LindtConfig:
         return self
 
 
-def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-
-
-def _local_copy(model: nn.Module, start: Mapping[str, torch.Tensor] | None) -> nn.Module:
-    """A copy of ``model`` (same architecture and device) holding ``start``, or the model's weights if ``None``."""
-    from fedcore.train.trainers import _check_adapted_matches
-
-    v = copy.deepcopy(model)
-    if start is not None:
-        _check_adapted_matches(start, model)
-        v.load_state_dict(start)
-    for p in v.parameters():
-        p.grad = None
-        p.requires_grad_(True)
-    return v
-
-
 def inference_module(state: TrainerState, received_model: nn.Module) -> nn.Module | None:
     """The module a LINDT client infers with: ``None`` (the received model) before it has a local model, else a
     :class:`DualModel` of a copy of the received global model and the local model vᵢ (``state.adapted``), in eval
     mode; its output is the local model's logits. ``received_model`` is copied, never modified."""
     if state.adapted is None:
         return None
-    local = _local_copy(received_model, state.adapted)
+    local = personal_copy(received_model, state.adapted)
     dual = DualModel(copy.deepcopy(received_model), local)
     dual.eval()
     return dual
@@ -303,8 +286,6 @@ def lindt_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
     1 + local passes / global passes = 2.0) and ``personal_seconds`` (wall time of the round's training). The client
     infers with the local model fed by the received global model (:func:`inference_module`).
     """
-    from fedcore.train.trainers import Trainer, TrainerState, inference_state
-
     cfg = from_dict(LindtConfig, dict(options or {}), "").validate()
 
     def init(model: nn.Module) -> TrainerState:
@@ -319,13 +300,13 @@ def lindt_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
                               batches=batches, dropout_seed=seeds.dropout)
             return res, dataclasses.replace(state, active=False, metrics={})
         lr = config.learning_rate if learning_rate is None else learning_rate
-        v = _local_copy(model, state.adapted)
+        v = personal_copy(model, state.adapted)
         run = _train_dual(model, v, x, y, config, lr, seeds, epochs, batches, cfg.detach_global)
         steps = run.result.steps
         metrics = {"lindt_global_ce": run.global_ce, "lindt_local_ce": run.local_ce,
                    "passes": 1.0 + steps / max(steps, 1),  # one local pass per global pass
                    "personal_seconds": run.seconds}
-        return run.result, TrainerState(adapted=_cpu_state(v), active=True, frozen_keys=(),
+        return run.result, TrainerState(adapted=cpu_state(v), active=True, frozen_keys=(),
                                         rounds_adapted=state.rounds_adapted + 1, metrics=metrics,
                                         scalars=state.scalars)
 

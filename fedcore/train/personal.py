@@ -35,7 +35,6 @@ FL-GUARD's adapted model); nothing is drawn from torch's global RNG.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
@@ -56,12 +55,13 @@ from fedcore.train.trainers import (
     TrainerFactory,
     TrainerState,
     _Adapter,
-    _check_adapted_matches,
     _make_adapter,
     _train_with_adaptation,
+    cpu_state,
     frozen_layer_keys,
     inference_state,
     parameterised_layers,
+    personal_copy,
 )
 
 # Seed purposes (derive_seed(seeds.batches, purpose) / derive_seed(seeds.dropout, purpose)): the trainers' names.
@@ -141,25 +141,9 @@ def _vanilla_round(model: nn.Module, state: TrainerState, x: torch.Tensor, y: to
     return res, dataclasses.replace(state, active=False, metrics={})
 
 
-def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-
-
 def _passes(global_steps: int, personal_steps: int) -> float:
     """Forward/backward passes of the round relative to vanilla training: 1 + personal / global steps."""
     return 1.0 + personal_steps / max(global_steps, 1)
-
-
-def _personal_copy(model: nn.Module, start: Mapping[str, torch.Tensor] | None) -> nn.Module:
-    """A copy of ``model`` (same architecture and device) holding ``start``, or the model's weights if ``None``."""
-    v = copy.deepcopy(model)
-    if start is not None:
-        _check_adapted_matches(start, model)
-        v.load_state_dict(start)
-    for p in v.parameters():
-        p.grad = None
-        p.requires_grad_(True)
-    return v
 
 
 @dataclass(frozen=True)
@@ -254,7 +238,7 @@ def ditto_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
         n_epochs = cfg.personal_epochs
         if n_epochs is None:
             n_epochs = config.local_epochs if epochs is None else epochs
-        v = _personal_copy(model, state.adapted)
+        v = personal_copy(model, state.adapted)
         params: list[torch.Tensor] = list(v.parameters())
         anchors = [p.detach() for p in model.parameters()]  # w^{r-1}: read before the global copy trains
         run = _personal_sgd(v, params, anchors, cfg.lam, x, y, config, lr, n_epochs,
@@ -262,7 +246,7 @@ def ditto_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
         res = train_local(model, x, y, config, learning_rate=learning_rate, seed=seeds.batches, epochs=epochs,
                           batches=batches, dropout_seed=seeds.dropout)
         metrics = {**_round_metrics(run, res.steps), "personal_ce": run.ce}
-        adapted = state.adapted if run.diverged else _cpu_state(v)
+        adapted = state.adapted if run.diverged else cpu_state(v)
         return res, TrainerState(adapted=adapted, active=True, frozen_keys=(),
                                  rounds_adapted=state.rounds_adapted + 1, metrics=metrics, scalars=state.scalars)
 
@@ -383,7 +367,7 @@ def apfl_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
             metrics["personal_diverged"] = 1.0
             adapted, scalars = state.adapted, state.scalars
         else:
-            adapted, scalars = _cpu_state(adapter.model), {**state.scalars, "alpha": alpha}
+            adapted, scalars = cpu_state(adapter.model), {**state.scalars, "alpha": alpha}
         return res, TrainerState(adapted=adapted, active=True, frozen_keys=(),
                                  rounds_adapted=state.rounds_adapted + 1, metrics=metrics, scalars=scalars)
 
@@ -410,7 +394,7 @@ def _fine_tune_trainer(name: str, options: Mapping[str, Any] | None, top_only: b
             res, new = _vanilla_round(model, state, x, y, config, seeds, learning_rate, epochs, batches)
             return res, dataclasses.replace(new, frozen_keys=frozen_keys)
         lr = config.learning_rate if learning_rate is None else learning_rate
-        v = _personal_copy(model, None)  # every round starts again from the received w^{r-1}
+        v = personal_copy(model, None)  # every round starts again from the received w^{r-1}
         frozen_set = set(frozen_keys)
         params: list[torch.Tensor] = []
         for n, p in v.named_parameters():
@@ -422,7 +406,7 @@ def _fine_tune_trainer(name: str, options: Mapping[str, Any] | None, top_only: b
                             derive_seed(seeds.dropout, name))
         adapted = state.adapted
         if not run.diverged:
-            adapted = _cpu_state(v)
+            adapted = cpu_state(v)
             received = model.state_dict()  # before the global copy trains
             for k in frozen_keys:  # lower layers' buffers (BatchNorm statistics) stay the received ones too
                 adapted[k] = received[k].detach().to("cpu", copy=True)

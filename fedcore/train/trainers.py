@@ -162,6 +162,24 @@ def _check_adapted_matches(adapted: Mapping[str, torch.Tensor], model: nn.Module
                                     f"{t.dtype}{tuple(t.shape)} (delete {TRAINER_STATE_FILE} to start over)")
 
 
+def cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``model``'s state dict (what a :class:`TrainerState` keeps)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def personal_copy(model: nn.Module, start: Mapping[str, torch.Tensor] | None) -> nn.Module:
+    """A trainable copy of ``model`` (same architecture and device) holding ``start``, or ``model``'s weights when
+    ``start`` is None: the personal model of Ditto, APFL, FT/FB and LINDT's local model."""
+    v = copy.deepcopy(model)
+    if start is not None:
+        _check_adapted_matches(start, model)
+        v.load_state_dict(start)
+    for p in v.parameters():
+        p.grad = None
+        p.requires_grad_(True)
+    return v
+
+
 # ---- the trainer seam ----
 
 class TrainFn(Protocol):
@@ -495,7 +513,7 @@ def flguard_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
         adapter = _make_adapter(model, state, frozen_keys, lr, config)
         before = state.adapted
         if before is None:
-            before = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            before = cpu_state(model)
         res, steps = _train_with_adaptation(model, adapter, x, y, config, lr, seeds, epochs, batches)
         n = max(steps, 1)
         la, ce = float(adapter.total_la) / n, float(adapter.total_ce) / n
@@ -506,8 +524,7 @@ def flguard_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
                    "adapt_steps": float(steps), "adapt_diverged": 1.0 if diverged else 0.0,
                    # per batch: the global copy's forward/backward plus vᵢ's (λ reuses vᵢ's gradient)
                    "passes": 1.0 + steps / max(res.steps, 1)}
-        adapted = before if diverged else {k: v.detach().to("cpu", copy=True)
-                                           for k, v in adapter.model.state_dict().items()}
+        adapted = before if diverged else cpu_state(adapter.model)
         return res, TrainerState(adapted=adapted, active=True, frozen_keys=frozen_keys,
                                  rounds_adapted=state.rounds_adapted + 1, metrics=metrics)
 
