@@ -147,8 +147,8 @@ def _cancel_round(rows: list[dict[str, Any]]) -> int | None:
 def summarize(args: argparse.Namespace) -> int:
     base = Path(args.dir)
     runs = {p.name: _rows(p) for p in sorted(base.iterdir()) if p.is_dir()}
-    lines = ["| env | arm | clients | seeds | rounds | acc | beta | mean abs(beta_hat - beta) | detect round | "
-             "cancel round | compute vs FedAvg |", "|" + " --- |" * 11]
+    lines = ["| env | arm | clients | seeds | rounds | central acc | acc | beta | mean abs(beta_hat - beta) | "
+             "detect round | cancel round | compute vs FedAvg | passes vs vanilla |", "|" + " --- |" * 13]
     for env in ENVS:
         for arm in ALL_ARMS:
             groups = [("adapting", "test_accuracy_adapting", "beta_adapting"),
@@ -158,11 +158,13 @@ def summarize(args: argparse.Namespace) -> int:
             if not names:
                 continue
             for group, acc_key, beta_key in groups:
-                accs, betas, errs, dets, cans, comp, nrounds = [], [], [], [], [], [], []
+                accs, betas, errs, dets, cans, comp, nrounds, central, passes = [], [], [], [], [], [], [], [], []
                 for n in names:
                     rows = runs[n]
                     seed = n.rsplit("-s", 1)[1]
                     accs.append(_tail(rows, acc_key))
+                    central.append(_tail(rows, "central_accuracy"))
+                    passes.append(_mean([r.get("client_passes", math.nan) for r in rows]))
                     betas.append(_tail(rows, beta_key))
                     errs.append(_mean([r.get("beta_hat_error", math.nan) for r in rows]))
                     dets.append(_first(rows, lambda r: r.get("nfl") == "reported"))
@@ -174,14 +176,53 @@ def summarize(args: argparse.Namespace) -> int:
                     comp.append(mine / theirs if theirs and not math.isnan(theirs) else math.nan)
                 lines.append(
                     f"| {env} | {arm} | {group} | {len(names)} | {'/'.join(map(str, nrounds))} | "
-                    f"{_fmt(_mean(accs))} | {_fmt(_mean(betas))} | {_fmt(_mean(errs))} | "
+                    f"{_fmt(_mean(central))} | {_fmt(_mean(accs))} | {_fmt(_mean(betas))} | {_fmt(_mean(errs))} | "
                     f"{'/'.join('-' if d is None else str(d) for d in dets)} | "
-                    f"{'/'.join('-' if c is None else str(c) for c in cans)} | {_fmt(_mean(comp), 2)}x |")
+                    f"{'/'.join('-' if c is None else str(c) for c in cans)} | {_fmt(_mean(comp), 2)}x | "
+                    f"{_fmt(_mean(passes), 2)}x |")
     text = "\n".join(lines)
     print(text)
     if args.md:
         Path(args.md).write_text(text + "\n")
+    if args.plot:
+        _plot(runs, Path(args.plot))
+        print(f"plot: {args.plot}")
     return 0
+
+
+def _plot(runs: dict[str, list[dict[str, Any]]], out: Path) -> None:
+    """Benign local accuracy and benign β per round, mean over seeds, one line per arm, one column per env."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'fedguard[plot]'") from None
+    envs = [e for e in ENVS if any(n.startswith(f"{e}-") for n in runs)]
+    fig, axes = plt.subplots(2, len(envs), figsize=(6 * len(envs), 7), squeeze=False)
+    for col, env in enumerate(envs):
+        for arm in ALL_ARMS:
+            names = [n for n in runs if n.startswith(f"{env}-{arm}-s") and runs[n]]
+            if not names:
+                continue
+            key_acc, key_beta = (("test_accuracy_adapting", "beta_adapting") if arm == "holdouts"
+                                 else ("test_accuracy_benign", "beta_benign"))
+            for row, key in enumerate((key_acc, key_beta)):
+                by_round: dict[int, list[float]] = {}
+                for n in names:
+                    for r in runs[n]:
+                        by_round.setdefault(int(r["round"]), []).append(r.get(key, math.nan))
+                xs = sorted(by_round)
+                axes[row][col].plot(xs, [_mean(by_round[x]) for x in xs], label=arm, linewidth=1.2)
+        axes[0][col].set_title(f"{env}: benign local accuracy (mean over seeds)")
+        axes[1][col].set_title(f"{env}: benign beta")
+        axes[1][col].axhline(0.0, color="grey", linewidth=0.6)
+        for row in (0, 1):
+            axes[row][col].set_xlabel("round")
+            axes[row][col].legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
 
 
 def _fmt(v: float, digits: int = 3) -> str:
@@ -210,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("summarize")
     s.add_argument("dir")
     s.add_argument("--md", default="")
+    s.add_argument("--plot", default="", help="write a PNG of accuracy and beta per round (needs matplotlib)")
     args = ap.parse_args(argv)
     return run(args) if args.cmd == "run" else summarize(args)
 

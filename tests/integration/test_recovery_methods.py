@@ -62,3 +62,24 @@ def test_an_unknown_method_or_bad_options_are_refused_naming_the_field() -> None
         with pytest.raises(TrustError) as e:
             announced_trainer(FederationInfo(**{**fed.__dict__, **changes}))
         assert e.value.field == field
+
+
+
+def test_either_detector_starts_lindt_on_the_clients(tmp_path: Path) -> None:
+    """LINDT's own pairing, the Δ detector (Δ > ε once with r′ = 0), reports NFL after round 1; the recovery flag
+    in round 2's tasks makes the clients train the dual model in round 2 and infer with the local model from round
+    3. FL-GUARD's β̂ detector with NR = 0 (round 1's received model is the untrained initial one, which every private
+    model beats): the clients' individual-level measures, which use the same NR, start LINDT in round 1 already and
+    the server reports NFL after it; long-term recovery keeps LINDT on after the report is cancelled in round 2."""
+    cases = {"delta": ({"nr": 100, "epsilon": 1e-9, "r_prime": 0}, [0.0, 0.0, 1.0], [1.0, 2.0, 2.0]),
+             "beta_hat": ({"nr": 0, "c": 1}, [0.0, 1.0, 1.0], [2.0, 2.0, 2.0])}
+    for detector, (nfl, infers, passes) in cases.items():
+        cfg = server_config(tmp_path / detector, rounds={"num_rounds": 3, "clients_per_round": N,
+                                                         "min_available": N, "seed": 3},
+                            nfl={"mode": "detect-and-recover", "detector": detector, **nfl},
+                            recovery={"method": "lindt", "options": {}})
+        _, summaries = _run(cfg)
+        rows = _rows(cfg)
+        assert rows[0].nfl == "reported" and [r.recovery for r in rows] == [True] * 3, detector
+        assert all([h["infers_adapted"] for h in s.history] == infers for s in summaries), detector
+        assert [r.client_passes for r in rows] == passes, detector
