@@ -71,7 +71,8 @@ def test_either_detector_starts_lindt_on_the_clients(tmp_path: Path) -> None:
     3. FL-GUARD's β̂ detector with NR = 0 (round 1's received model is the untrained initial one, which every private
     model beats): the clients' individual-level measures, which use the same NR, start LINDT in round 1 already and
     the server reports NFL after it; long-term recovery keeps LINDT on after the report is cancelled in round 2."""
-    cases = {"delta": ({"nr": 100, "epsilon": 1e-9, "r_prime": 0}, [0.0, 0.0, 1.0], [1.0, 2.0, 2.0]),
+    cases: dict[str, tuple[dict[str, Any], list[float], list[float]]] = {
+        "delta": ({"nr": 100, "epsilon": 1e-9, "r_prime": 0}, [0.0, 0.0, 1.0], [1.0, 2.0, 2.0]),
              "beta_hat": ({"nr": 0, "c": 1}, [0.0, 1.0, 1.0], [2.0, 2.0, 2.0])}
     for detector, (nfl, infers, passes) in cases.items():
         cfg = server_config(tmp_path / detector, rounds={"num_rounds": 3, "clients_per_round": N,
