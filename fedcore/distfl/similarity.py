@@ -1,0 +1,152 @@
+"""DistFL distribution-based clustering (§4.3): responses, the KL similarity matrix, threshold components, ARI.
+
+- :func:`responses`: V_c of Eq. 5, the softmax outputs (temperature 1) of one uploaded model on the z synthetic
+  inputs, ``[z, C]``.
+- :func:`kl_matrix`: SIM of Eq. 6, ``p[i][j] = D_KL(V_i ‖ V_j)`` on the *normalised concatenated* vectors (each
+  V flattened and divided by its sum, as the reference code's ``scipy.stats.entropy(x, y)`` does). For softmax
+  rows, each of which sums to 1, that is the **mean** over the z inputs of the per-input KL divergence:
+  (1/z) Σ_s Σ_k V_i[s,k] log(V_i[s,k] / V_j[s,k]). Not symmetric.
+- :func:`link_components`: the threshold partition of §4.3 in SPEC §8's form: i and j are linked when
+  p[i][j] < τ or p[j][i] < τ, clusters are the connected components (union-find), so no number of clusters is
+  given in advance.
+- :func:`adjusted_rand_index`: Hubert & Arabie's ARI, to score a clustering against the ground-truth
+  distribution types (SPEC §8 "Measure").
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from fractions import Fraction
+
+import torch
+from torch import nn
+
+# Probabilities are clamped to at least this before the log, so a softmax that underflowed to 0 gives a large
+# finite divergence instead of inf.
+KL_EPS = 1e-12
+
+Response = torch.Tensor | Sequence[float]
+Matrix = torch.Tensor | Sequence[Sequence[float]]
+
+
+def responses(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """Eq. 5: the softmax (temperature 1) of ``model``'s logits on ``inputs``, ``[z, C]`` float64 on the CPU.
+
+    Runs in eval mode (BN with running statistics, no dropout) under ``no_grad``; the model's train/eval mode is
+    restored afterwards. ``inputs`` are moved to the device of the model's first parameter or buffer.
+    """
+    device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            logits = model(inputs.to(device))
+    finally:
+        model.train(was_training)
+    return torch.softmax(logits.detach().to(device="cpu", dtype=torch.float64).reshape(logits.shape[0], -1),
+                         dim=1)
+
+
+def flatten_response(v: torch.Tensor) -> tuple[list[float], tuple[int, ...]]:
+    """A response tensor as (flat list of Python floats, shape), the form stored in the cluster state."""
+    return [float(a) for a in v.detach().to(dtype=torch.float64).reshape(-1).tolist()], tuple(v.shape)
+
+
+def _as_flat(v: Response) -> torch.Tensor:
+    t = v.detach() if isinstance(v, torch.Tensor) else torch.tensor(list(v), dtype=torch.float64)
+    return t.to(device="cpu", dtype=torch.float64).reshape(-1)
+
+
+def kl_matrix(vectors: Sequence[Response]) -> torch.Tensor:
+    """Eq. 6 for every ordered pair: ``p[i][j] = D_KL(V_i ‖ V_j)``, an ``[n, n]`` float64 tensor.
+
+    Each V (a ``[z, C]`` response tensor, or the same values flat) is flattened and normalised to sum 1 -- the
+    concatenation of Eq. 5 read as one distribution -- so ``p[i][j]`` is the mean over the z inputs of the
+    per-input KL divergence (module docstring). Probabilities are clamped to :data:`KL_EPS` inside the logs;
+    the diagonal is exactly 0 and rounding below 0 is clipped to 0. All vectors must have the same length.
+    """
+    n = len(vectors)
+    if n == 0:
+        return torch.zeros((0, 0), dtype=torch.float64)
+    flats = [_as_flat(v) for v in vectors]
+    length = flats[0].numel()
+    for i, f in enumerate(flats):
+        if f.numel() != length or length == 0:
+            raise ValueError(f"kl_matrix: response {i} has {f.numel()} values, response 0 has {length}")
+        if not bool(torch.isfinite(f).all()) or bool((f < 0).any()) or float(f.sum()) <= 0:
+            raise ValueError(f"kl_matrix: response {i} is not a finite, non-negative, non-zero vector")
+    p = torch.stack([f / f.sum() for f in flats])  # [n, L], rows sum to 1
+    logp = p.clamp_min(KL_EPS).log()
+    self_term = (p * logp).sum(dim=1)  # Σ P log P (a 0 entry contributes 0)
+    cross = p @ logp.T  # cross[i, j] = Σ P_i log P_j
+    out = (self_term[:, None] - cross).clamp_min(0.0)
+    out.fill_diagonal_(0.0)
+    return out
+
+
+def _rows(p: Matrix) -> list[list[float]]:
+    rows = p.tolist() if isinstance(p, torch.Tensor) else [list(r) for r in p]
+    n = len(rows)
+    if any(len(r) != n for r in rows):
+        raise ValueError(f"link_components: the matrix must be square, got {n} rows of lengths "
+                         f"{sorted({len(r) for r in rows})}")
+    return [[float(a) for a in r] for r in rows]
+
+
+def link_components(p: Matrix, tau: float) -> list[list[int]]:
+    """The connected components of the graph linking i and j when ``p[i][j] < tau`` or ``p[j][i] < tau``.
+
+    Union-find over the n indices. Each component is sorted ascending and the list is sorted by smallest member,
+    so the result depends only on which links exist. A NaN entry is no link.
+    """
+    rows = _rows(p)
+    n = len(rows)
+    parent = list(range(n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for i in range(n):
+        for j in range(i + 1, n):
+            if rows[i][j] < tau or rows[j][i] < tau:
+                ri, rj = find(i), find(j)
+                if ri != rj:
+                    parent[max(ri, rj)] = min(ri, rj)
+    groups: dict[int, list[int]] = {}
+    for i in range(n):
+        groups.setdefault(find(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def _pairs(k: int) -> int:
+    return k * (k - 1) // 2
+
+
+def adjusted_rand_index(labels_a: Sequence[Hashable], labels_b: Sequence[Hashable]) -> float:
+    """Hubert & Arabie's adjusted Rand index of two labellings of the same items, from the contingency table.
+
+    ARI = (Σ_ij C(n_ij, 2) − E) / (½ [Σ_i C(a_i, 2) + Σ_j C(b_j, 2)] − E), E = Σ_i C(a_i, 2) · Σ_j C(b_j, 2) /
+    C(n, 2), with n_ij the items labelled i in ``labels_a`` and j in ``labels_b`` and a_i, b_j the row and column
+    sums. Computed exactly (fractions). 1.0 for identical partitions whatever the label names; about 0 for
+    independent ones; can be negative. When the denominator is 0 (both labellings put everything in one
+    cluster, or everything in singletons, or n < 2) the partitions are identical and the result is 1.0, as in
+    scikit-learn.
+    """
+    if len(labels_a) != len(labels_b):
+        raise ValueError(f"adjusted_rand_index: {len(labels_a)} labels against {len(labels_b)}")
+    n = len(labels_a)
+    sum_ij = sum(_pairs(c) for c in Counter(zip(labels_a, labels_b, strict=True)).values())
+    sum_a = sum(_pairs(c) for c in Counter(labels_a).values())
+    sum_b = sum(_pairs(c) for c in Counter(labels_b).values())
+    total = _pairs(n)
+    if total == 0:
+        return 1.0
+    expected = Fraction(sum_a * sum_b, total)
+    denominator = Fraction(sum_a + sum_b, 2) - expected
+    if denominator == 0:
+        return 1.0
+    return float((sum_ij - expected) / denominator)
