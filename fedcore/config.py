@@ -21,6 +21,7 @@ from typing import Any, TypeVar, Union
 
 from fedcore.aggregation import AggregationConfig, check_memory
 from fedcore.attacks import AttackConfig
+from fedcore.distfl.config import DistflConfig
 from fedcore.nfl.config import NflConfig
 
 if sys.version_info >= (3, 11):
@@ -186,6 +187,7 @@ class ServerConfig:
     nfl: NflConfig = field(default_factory=NflConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    distfl: DistflConfig = field(default_factory=DistflConfig)
 
     def validate(self) -> ServerConfig:
         validate_server_config(self)
@@ -333,6 +335,7 @@ def validate_server_config(c: ServerConfig) -> None:
     except ValueError as e:
         raise _aggregation_error(e) from None
     c.nfl.validate("nfl")
+    c.distfl.validate("distfl")
     from fedcore.train.trainers import TRAINERS, make_trainer
     _check(c.recovery.method in TRAINERS, "recovery.method",
            f"unknown method {c.recovery.method!r}; known: {', '.join(TRAINERS.names())}")

@@ -71,10 +71,14 @@ class RoundReport:
     outcome: str = ""
     # The aggregation pipeline's metrics (num_updates, w_div, delta, norms, ...).
     metrics: Mapping[str, float] = field(default_factory=dict)
+    # DistFL (SPEC §8): cluster id -> number of clients in it after this round (empty when DistFL is off or
+    # before the first clustering).
+    clusters: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["metrics"] = {k: float(v) for k, v in self.metrics.items()}
+        d["clusters"] = {str(k): int(v) for k, v in self.clusters.items()}
         return d
 
     @classmethod
@@ -83,12 +87,13 @@ class RoundReport:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in names}
         kwargs["metrics"] = {str(k): float(v) for k, v in dict(d.get("metrics", {})).items()}
+        kwargs["clusters"] = {str(k): int(v) for k, v in dict(d.get("clusters", {})).items()}
         return cls(**kwargs)
 
     def scalars(self) -> dict[str, float]:
         """Every numeric field beside the aggregation metrics (for flat metric maps and log lines)."""
         return {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)
-                if f.name not in ("round", "outcome", "nfl", "metrics")}
+                if f.name not in ("round", "outcome", "nfl", "metrics", "clusters")}
 
 
 def mean(values: list[float]) -> float:
@@ -124,6 +129,22 @@ class NflStatus:
 
 
 @dataclass(frozen=True)
+class DistflStatus:
+    """DistFL's clusters as GetStatus shows them (SPEC §8): ``clusters`` maps cluster id -> size,
+    ``assignment`` client id -> cluster id; ``pending``: clients seen since the first clustering that have no
+    cluster yet (they are handed the global model); ``probe``: the synthetic input set responses are computed on
+    (empty before the first clustering)."""
+
+    enabled: bool = False
+    clustered_round: int = 0
+    next_clustering: int = 0
+    probe: str = ""
+    clusters: Mapping[str, int] = field(default_factory=dict)
+    assignment: Mapping[str, str] = field(default_factory=dict)
+    pending: int = 0
+
+
+@dataclass(frozen=True)
 class FederationStatus:
     """Where a federation stands (GetStatus, the server's return value)."""
 
@@ -145,3 +166,4 @@ class FederationStatus:
     # A stop was requested (SIGTERM/SIGINT): no more updates are taken; the next start resumes.
     stopping: bool = False
     nfl: NflStatus = field(default_factory=NflStatus)
+    distfl: DistflStatus = field(default_factory=DistflStatus)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from fedcore.config import FederationInfo, TrainingConfig
-from fedcore.report import FederationStatus, NflStatus, RoundReport
+from fedcore.report import DistflStatus, FederationStatus, NflStatus, RoundReport
 from fedcore.serialization import DEFAULT_CHUNK_BYTES, SerializationError, TensorMeta, iter_chunks
 from fedguard.v1 import fedguard_pb2 as pb
 
@@ -117,19 +117,22 @@ def _json_object(raw: str, name: str) -> dict[str, Any]:
     return value
 
 
-# (name, type) of every RoundReport field but metrics; the types from the defaults (int, float, str, bool).
+# (name, type) of every RoundReport field but the maps (metrics, clusters); the types from the defaults (int,
+# float, str, bool).
 _REPORT_FIELDS: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
     (f.name, type(f.default) if f.name != "round" else int) for f in dataclasses.fields(RoundReport)
-    if f.name != "metrics")
+    if f.name not in ("metrics", "clusters"))
 
 
 def report_to_pb(r: RoundReport) -> pb.RoundSummary:
-    return pb.RoundSummary(metrics=dict(r.metrics), **{name: getattr(r, name) for name, _ in _REPORT_FIELDS})
+    return pb.RoundSummary(metrics=dict(r.metrics), clusters=dict(r.clusters),
+                           **{name: getattr(r, name) for name, _ in _REPORT_FIELDS})
 
 
 def report_from_pb(p: pb.RoundSummary) -> RoundReport:
     """Every RoundReport field has a RoundSummary field of the same name (a unit test holds the two equal)."""
-    return RoundReport(metrics=dict(p.metrics), **{name: tp(getattr(p, name)) for name, tp in _REPORT_FIELDS})
+    return RoundReport(metrics=dict(p.metrics), clusters={k: int(v) for k, v in p.clusters.items()},
+                       **{name: tp(getattr(p, name)) for name, tp in _REPORT_FIELDS})
 
 
 def status_to_pb(s: FederationStatus) -> pb.StatusReply:
@@ -137,7 +140,8 @@ def status_to_pb(s: FederationStatus) -> pb.StatusReply:
         federation_id=s.federation_id, round=s.round, num_rounds=s.num_rounds, phase=s.phase, outcome=s.outcome,
         clients_known=s.clients_known, clients_alive=s.clients_alive, selected=s.selected, accepted=s.accepted,
         rejected=s.rejected, rejected_total=s.rejected_total, history=[report_to_pb(r) for r in s.history],
-        finished=s.finished, resumed_from=s.resumed_from, stopping=s.stopping, nfl=nfl_status_to_pb(s.nfl))
+        finished=s.finished, resumed_from=s.resumed_from, stopping=s.stopping, nfl=nfl_status_to_pb(s.nfl),
+        distfl=distfl_status_to_pb(s.distfl))
 
 
 def nfl_status_to_pb(n: NflStatus) -> pb.NflStatus:
@@ -148,6 +152,19 @@ def nfl_status_from_pb(p: pb.NflStatus) -> NflStatus:
     return NflStatus(**{f.name: getattr(p, f.name) for f in dataclasses.fields(NflStatus)})
 
 
+def distfl_status_to_pb(d: DistflStatus) -> pb.DistflStatus:
+    return pb.DistflStatus(enabled=d.enabled, clustered_round=d.clustered_round, next_clustering=d.next_clustering,
+                           probe=d.probe, clusters=dict(d.clusters), assignment=dict(d.assignment),
+                           pending=d.pending)
+
+
+def distfl_status_from_pb(p: pb.DistflStatus) -> DistflStatus:
+    return DistflStatus(enabled=p.enabled, clustered_round=int(p.clustered_round),
+                        next_clustering=int(p.next_clustering), probe=p.probe,
+                        clusters={k: int(v) for k, v in p.clusters.items()}, assignment=dict(p.assignment),
+                        pending=int(p.pending))
+
+
 def status_from_pb(p: pb.StatusReply) -> FederationStatus:
     return FederationStatus(
         federation_id=p.federation_id, round=int(p.round), num_rounds=int(p.num_rounds), phase=p.phase,
@@ -155,4 +172,5 @@ def status_from_pb(p: pb.StatusReply) -> FederationStatus:
         selected=int(p.selected), accepted=int(p.accepted), rejected=int(p.rejected),
         rejected_total=int(p.rejected_total), history=tuple(report_from_pb(r) for r in p.history),
         finished=p.finished, resumed_from=int(p.resumed_from), stopping=p.stopping,
-        nfl=nfl_status_from_pb(p.nfl) if p.HasField("nfl") else NflStatus())
+        nfl=nfl_status_from_pb(p.nfl) if p.HasField("nfl") else NflStatus(),
+        distfl=distfl_status_from_pb(p.distfl) if p.HasField("distfl") else DistflStatus())

@@ -31,6 +31,9 @@ from fedcore.models import build_model
 from fedcore.report import FederationStatus, RoundReport
 from fedcore.serialization import TensorMeta, save_state
 from fedcore.train import resolve_device
+from fedserver.clusters import SLOT as DISTFL_SLOT
+from fedserver.clusters import ClusterShell, UpdateBuffer
+from fedserver.clusters import check_model as check_distfl_model
 from fedserver.dispatch import Task, TaskDispatcher, WaitInfo
 from fedserver.errors import ProtocolError
 from fedserver.finalize import RoundFinalizer
@@ -72,13 +75,19 @@ class Coordinator:
         self.history: list[RoundReport] = []
         self.sessions = Sessions(secret_token(config.server.token, config.server.token_file))
         self.nfl = NflMonitor(config.nfl)
-        self.dispatch = TaskDispatcher(self.models, config.training, lambda: self.nfl.recovery)
+        check_distfl_model(config, model)
+        self.clusters = ClusterShell(config, self.models, model, evaluation_device(config))
+        self.dispatch = TaskDispatcher(self.models, config.training, lambda: self.nfl.recovery,
+                                       self.clusters.model_id_for)
         self.intake = UpdateIntake(config, self.models, lambda: self.state, self.observe, clock,
-                                   self.dispatch.model_id_for)
+                                   self.dispatch.model_id_for,
+                                   self.clusters.make_buffer if self.clusters.enabled else None)
         eval_model = model.to(evaluation_device(config)) if config.evaluation.central else None
         self.finalizer = RoundFinalizer(config, self.models, eval_model, clock)
         self.persistence = Persistence(config, self.models)
         self.persistence.register_slot(NFL_SLOT, self.nfl.save, self.nfl.load)
+        if self.clusters.enabled:
+            self.persistence.register_slot(DISTFL_SLOT, self.clusters.save, self.clusters.load)
         self.run_dir = Path(config.server.run_dir)
         self.resumed_from = 0
         self.stopping = False
@@ -255,12 +264,15 @@ class Coordinator:
         agg, log = self.intake.take()
         crash_point("aggregate", round_)
         try:
-            result = await self.finalizer.aggregate(agg, round_)
+            if isinstance(agg, UpdateBuffer):  # DistFL: cluster, then aggregate per cluster
+                result = await self.clusters.aggregate(agg, round_)
+            else:
+                result = await self.finalizer.aggregate(agg, round_)
         except ValueError as e:  # the rule cannot work with what arrived: re-run the round
             self.log.warning("round.aggregation_failed", round=round_, reason=str(e))
             self.observe(rm.AggregationFailed(round_, str(e), self.clock()))
             return
-        report = await self.finalizer.report(result, log, self.state, reason)
+        report = self.clusters.complete(await self.finalizer.report(result, log, self.state, reason))
         report, _ = self.nfl.observe(report)  # moves the detector before the snapshot that saves it
         await asyncio.to_thread(self.persistence.snapshot, self.state, [*self.history, report], round_)
         crash_point("persisted", round_)
@@ -347,4 +359,4 @@ class Coordinator:
             clients_known=len(s.clients), clients_alive=len(s.alive_ids()), selected=len(s.selected),
             accepted=len(s.accepted), rejected=s.rejected_in_round, rejected_total=s.rejected_total,
             history=tuple(self.history), finished=s.phase == rm.FINISHED, resumed_from=self.resumed_from,
-            stopping=self.stopping, nfl=self.nfl.status())
+            stopping=self.stopping, nfl=self.nfl.status(), distfl=self.clusters.status(sorted(s.clients)))

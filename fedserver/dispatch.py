@@ -1,7 +1,7 @@
 """Task dispatch: whether a client has work now, and which model it is handed.
 
-Today every client is handed the one global model; :meth:`TaskDispatcher.model_id_for` is the seam where a
-client's cluster model will be chosen. Packed payloads are cached per (round, model id), so K pulls of the
+Every client is handed the global model, or with DistFL its cluster's model (:meth:`TaskDispatcher.model_id_for`,
+:mod:`fedserver.clusters`). Packed payloads are cached per (round, model id), so K pulls of the
 same round serialize the model once.
 """
 
@@ -36,15 +36,17 @@ class WaitInfo:
 
 class TaskDispatcher:
     def __init__(self, models: GlobalModels, training: TrainingConfig,
-                 recovery: Callable[[], bool] = lambda: False) -> None:
+                 recovery: Callable[[], bool] = lambda: False,
+                 model_id_for: Callable[[str], str] = lambda client_id: GLOBAL) -> None:
         self.models = models
         self.training = training
         self._recovery = recovery  # the NFL monitor's flag: every task of the round carries it
+        self._model_id_for = model_id_for  # DistFL's cluster membership (fedserver.clusters)
         self._cache: dict[str, tuple[int, list[TensorMeta], bytearray]] = {}
 
     def model_id_for(self, client_id: str) -> str:
-        """The model ``client_id`` trains and infers with (its cluster's, once clusters exist)."""
-        return GLOBAL
+        """The model ``client_id`` trains and infers with: its DistFL cluster's, else the global model."""
+        return self._model_id_for(client_id)
 
     def learning_rate(self, round_: int) -> float:
         return self.training.learning_rate * self.training.lr_decay ** (round_ - 1)

@@ -47,6 +47,12 @@ class GlobalModels:
                              f"{fingerprint(got)}, expected {self.fingerprint})")
         self._models[model_id] = dict(state)
 
+    def drop(self, model_id: str) -> None:
+        """Forget model ``model_id`` (a DistFL cluster no client belongs to any more); the global model stays."""
+        if model_id == GLOBAL:
+            raise ValueError("the global model cannot be dropped")
+        self._models.pop(model_id, None)
+
     def flat(self, model_id: str = GLOBAL) -> torch.Tensor:
         state = self._models[model_id]
         parts = [state[k].reshape(-1).to(torch.float32) for k in self.float_names]
@@ -62,8 +68,9 @@ class GlobalModels:
             parts.append(t if is_delta else t - base[name].reshape(-1).to(torch.float32))
         return torch.cat(parts) if parts else torch.zeros(0)
 
-    def apply_flat(self, flat: torch.Tensor, model_id: str = GLOBAL) -> None:
-        """Replace model ``model_id``'s floating-point parameters with ``flat`` (buffers stay)."""
+    def state_from_flat(self, flat: torch.Tensor, model_id: str = GLOBAL) -> dict[str, torch.Tensor]:
+        """A state dict with ``flat`` as its floating-point tensors and model ``model_id``'s other tensors (e.g.
+        BatchNorm's ``num_batches_tracked``)."""
         old = self._models[model_id]
         new = dict(old)
         offset = 0
@@ -72,4 +79,8 @@ class GlobalModels:
             n = t.numel()
             new[name] = flat[offset : offset + n].reshape(t.shape).to(t.dtype)
             offset += n
-        self._models[model_id] = new
+        return new
+
+    def apply_flat(self, flat: torch.Tensor, model_id: str = GLOBAL) -> None:
+        """Replace model ``model_id``'s floating-point tensors with ``flat`` (the others stay)."""
+        self._models[model_id] = self.state_from_flat(flat, model_id)

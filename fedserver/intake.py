@@ -22,6 +22,7 @@ from fedcore.config import ServerConfig, effective_aggregation
 from fedcore.log import get_logger
 from fedcore.nfl import OFF
 from fedcore.serialization import TensorMeta
+from fedserver.clusters import UpdateBuffer
 from fedserver.errors import ProtocolError
 from fedserver.global_models import GlobalModels
 
@@ -66,14 +67,17 @@ class RoundLog:
 class UpdateIntake:
     def __init__(self, config: ServerConfig, models: GlobalModels, state: Callable[[], rm.RoundState],
                  observe: Callable[[rm.Observation], None], clock: Callable[[], float],
-                 model_id_for: Callable[[str], str]) -> None:
+                 model_id_for: Callable[[str], str],
+                 keep_updates: Callable[[Aggregator], UpdateBuffer] | None = None) -> None:
         self.config = config
         self.models = models
         self._state = state
         self._observe = observe
         self._clock = clock
         self._model_id_for = model_id_for
-        self.aggregator: Aggregator | None = None
+        # DistFL: the round's updates are kept whole (grouped into clusters when the round closes).
+        self._keep_updates = keep_updates
+        self.aggregator: Aggregator | UpdateBuffer | None = None
         self.round_log: RoundLog | None = None
         self.log = get_logger("fedserver")
 
@@ -81,10 +85,11 @@ class UpdateIntake:
         """A round (or a new attempt of it) started: a fresh aggregator and log; the start time is kept."""
         started = self.round_log.started_at if self.round_log and self.round_log.round == round_ else now
         self.round_log = RoundLog(round_, started, selected, attempt)
-        self.aggregator = make_aggregator(effective_aggregation(self.config), self.models.num_params,
-                                          self.config.rounds.clients_per_round)
+        agg = make_aggregator(effective_aggregation(self.config), self.models.num_params,
+                              self.config.rounds.clients_per_round)
+        self.aggregator = agg if self._keep_updates is None else self._keep_updates(agg)
 
-    def take(self) -> tuple[Aggregator, RoundLog]:
+    def take(self) -> tuple[Aggregator | UpdateBuffer, RoundLog]:
         """Hand the closed round's aggregator and log to the finalisation."""
         assert self.aggregator is not None and self.round_log is not None
         agg, log = self.aggregator, self.round_log

@@ -43,7 +43,7 @@ from fedcore.config import toml_literal
 from fedcore.report import RoundReport
 
 COLUMNS = ("round", "selected", "accepted", "rejected", "train_loss", "test_acc", "beta_hat", "beta", "beta_b",
-           "adapt", "nfl", "seconds")
+           "adapt", "nfl", "clusters", "seconds")
 LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_epochs", "rounds", "k", "trainer",
                "device", "holdouts"}
 TRAINER_CHOICES = ("flguard", "lindt", "ditto", "apfl", "ft", "fb", "vanilla", "noop")
@@ -60,18 +60,19 @@ def _fmt(v: float, digits: int = 4) -> str:
 
 
 def format_header() -> str:
-    return "{:>5} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>7} {:>7} {:>5} {:>12} {:>8}".format(*COLUMNS)
+    return "{:>5} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>7} {:>7} {:>5} {:>12} {:>8} {:>8}".format(*COLUMNS)
 
 
 def format_row(h: RoundReport) -> str:
     """One round: beta_hat is the round's median of the clients' beta_hat_i, beta the mean V_i - P_i on their full
-    test splits, adapt the participants that ran their recovery, nfl the detector's state and count."""
+    test splits, adapt the participants that ran their recovery, nfl the detector's state and count, clusters
+    the number of DistFL clusters ("-" without DistFL or before the first clustering)."""
     nfl = h.nfl if h.nfl in ("off", "always") else f"{h.nfl}:{h.nfl_count}"
     if h.recovery and h.nfl == "watching":
         nfl += "+rec"  # long-term recovery carries on after a cancel
     return (f"{h.round:>5} {h.selected:>8} {h.accepted:>8} {h.rejected:>8} {_fmt(h.mean_train_loss):>10} "
             f"{_fmt(h.mean_test_accuracy):>8} {_fmt(h.beta_hat, 3):>8} {_fmt(h.beta, 3):>7} "
-            f"{_fmt(h.beta_benign, 3):>7} {h.adapting:>5} {nfl:>12} {h.seconds:>8.3f}")
+            f"{_fmt(h.beta_benign, 3):>7} {h.adapting:>5} {nfl:>12} {len(h.clusters) or '-':>8} {h.seconds:>8.3f}")
 
 
 def attacker_indices(num_clients: int, fraction: float, seed: int) -> list[int]:

@@ -12,6 +12,7 @@ layer-wise dual model can mix the outputs of layer m of two models and feed the 
 - ``resnet18_cifar``: ResNet-18 with a 3x3 stem and no max-pool (CIFAR variant; DistFL).
 - ``har_cnn``: small 1-D CNN with BatchNorm for 6-channel HAR windows.
 - ``mnist_mlp``, ``mnist_cnn``, ``mnist_cnn_bn``: MNIST MLP (McMahan et al.'s 2NN) and a small CNN without/with BN.
+- ``mlp_bn``: an MLP with BatchNorm1d after each hidden layer, for DistFL on flat features (``synthetic``).
 """
 
 from __future__ import annotations
@@ -230,6 +231,19 @@ def har_cnn(num_classes: int = 6, in_channels: int = 6, window: int = 128,
         cin = int(cout)
     blocks.append(nn.Sequential(nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(cin, num_classes)))
     return BlockModel(blocks, (in_channels, window))
+
+
+@register_model("mlp_bn")
+def mlp_bn(in_features: int = 60, num_classes: int = 10, hidden: Sequence[int] = (64,)) -> BlockModel:
+    """:func:`fedcore.models.mlp` with BatchNorm: per hidden width a block Linear (no bias) + BatchNorm1d + ReLU,
+    then a linear classifier; for DistFL on flat features (the offline ``synthetic`` dataset)."""
+    blocks: list[nn.Module] = []
+    width = int(in_features)
+    for h in hidden:
+        blocks.append(nn.Sequential(nn.Linear(width, int(h), bias=False), nn.BatchNorm1d(int(h)), nn.ReLU()))
+        width = int(h)
+    blocks.append(nn.Linear(width, num_classes))
+    return BlockModel(blocks, (int(in_features),))
 
 
 # ---- MNIST ----

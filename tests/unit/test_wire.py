@@ -8,7 +8,7 @@ import math
 import pytest
 
 from fedcore.config import FederationInfo, TrainingConfig
-from fedcore.report import FederationStatus, NflStatus, RoundReport
+from fedcore.report import DistflStatus, FederationStatus, NflStatus, RoundReport
 from fedcore.serialization import SerializationError, TensorMeta
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
@@ -22,6 +22,8 @@ def _non_default_report(round_: int) -> RoundReport:
             values[f.name] = round_
         elif f.name == "metrics":
             values[f.name] = {"w_div": 0.25, "delta": -0.5}
+        elif f.name == "clusters":
+            values[f.name] = {"c0": 3, "c7": 1}
         elif isinstance(f.default, bool):
             values[f.name] = not f.default
         elif isinstance(f.default, int):
@@ -54,7 +56,10 @@ def test_status_round_trips() -> None:
                          resumed_from=2, stopping=True,
                          nfl=NflStatus(mode="detect-and-recover", detector="delta", state="reported", recovery=True,
                                        count=7, consecutive_ok=2, beta_hat=-0.125, delta=0.5, reported_round=6,
-                                       cancelled_round=3, stopped_round=3))
+                                       cancelled_round=3, stopped_round=3),
+                         distfl=DistflStatus(enabled=True, clustered_round=6, next_clustering=16, probe="r6",
+                                             clusters={"c0": 2, "c2": 1},
+                                             assignment={"a": "c0", "b": "c0", "c": "c2"}, pending=4))
     assert wire.status_from_pb(wire.status_to_pb(s)) == s
 
 
