@@ -59,7 +59,7 @@ def check_has_batchnorm(model: nn.Module, model_name: str) -> None:
         raise ValueError(
             f"model {model_name!r} has no BatchNorm layer with running statistics; DistFL extracts the clients' "
             "data distribution from the BatchNorm running_mean/running_var (DistFL §4.2), so it needs a model "
-            "with BatchNorm (e.g. mnist_cnn_bn, har_cnn, vgg11_bn, resnet18_cifar)")
+            "with BatchNorm (e.g. mnist_cnn_bn, har_cnn, vgg11_bn, resnet18_cifar, mlp_bn)")
 
 
 def select_channels(bn: nn.modules.batchnorm._BatchNorm, top_fraction: float) -> torch.Tensor:
