@@ -1,0 +1,184 @@
+"""DistFL clustering quality and cost, offline: the paper's open questions as numbers (issue 12, SPEC §8).
+
+    python tools/distfl_clustering.py --dataset cifar10 --clients 20 --types 5 --samples 800 \\
+        --z 50 100 200 --steps 0 50 200 --top 0.2 0.5 1.0 --md docs/results/distfl_clustering.md
+    python tools/distfl_clustering.py --dataset mnist --scenario label-flip --clients 50 --attackers 20
+
+One DistFL clustering round, reproduced in-process with the same code the coordinator runs
+(:mod:`fedcore.distfl`): ``--warmup`` rounds of FedAvg with every client (full participation, as in the paper),
+then every client trains ``--epochs`` local epochs from the global model (its upload); M_target = the
+sample-weighted mean of the uploads; for every (z, steps, E%) of the grid: extract the probe from M_target
+(Eq. 4; ``steps = 0`` is the paper's "plain noise inputs" baseline of Fig. 6), every upload's softmax responses,
+the KL matrix and the union-find clusters at each τ of ``--tau``. Printed per configuration: the adjusted Rand
+index of the clusters against the true groups, the number of clusters, and the wall seconds of extraction,
+responses and clustering.
+
+Scenarios:
+- ``types`` (DistFL Table 2, category imbalance): ``--types`` distribution types of disjoint class pairs, N/T
+  clients each (``partition = "types"``), ``--samples`` training samples per client; true group = the type.
+- ``label-flip`` (DistFL Table 5): IID clients, the first ``--attackers`` of them (a seeded draw) swap labels
+  0–3 ↔ 4–7; true group = attacker or benign; also printed: whether every cluster is pure (no cluster mixes
+  attackers and benign clients).
+
+The model is any zoo model with BatchNorm (default ``mnist_cnn_bn``, given ``in_channels``/``image_size`` for
+CIFAR-10: a small BN CNN that trains on 2 CPU cores). Every draw is seeded (model init, batches, extraction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from fedcore import distfl  # noqa: E402
+from fedcore.attacks import AttackConfig  # noqa: E402
+from fedcore.attacks.poisoning import flip_labels  # noqa: E402
+from fedcore.config import TrainingConfig  # noqa: E402
+from fedcore.data import load_client_data  # noqa: E402
+from fedcore.data.partition import client_types  # noqa: E402
+from fedcore.models import build_model  # noqa: E402
+from fedcore.seeds import derive_seed  # noqa: E402
+from fedcore.train import train_local  # noqa: E402
+
+FLIP = AttackConfig(kind="label_flip", flip="swap", pairs=((0, 4), (1, 5), (2, 6), (3, 7)))
+
+
+def _weighted_mean(states: list[dict[str, torch.Tensor]], weights: list[float],
+                   like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """FedAvg of state dicts: floating tensors averaged by weight, the others (BN counters) from ``like``."""
+    total = math.fsum(weights)
+    out = dict(like)
+    for k, v in like.items():
+        if v.is_floating_point():
+            acc = torch.zeros_like(v, dtype=torch.float64)
+            for s, w in zip(states, weights, strict=True):
+                acc += s[k].to(torch.float64) * (w / total)
+            out[k] = acc.to(v.dtype)
+    return out
+
+
+def _data(args: argparse.Namespace) -> tuple[list[Any], list[int]]:
+    """Every client's data and its true group."""
+    base: dict[str, Any] = {"num_clients": args.clients, "pool": "train"}
+    if args.data_dir:
+        base["data_dir"] = args.data_dir
+    if args.scenario == "types":
+        opts = {**base, "partition": "types", "num_types": args.types, "samples_per_client": args.samples}
+        data = [load_client_data(args.dataset, i, args.seed, opts) for i in range(args.clients)]
+        return data, [int(t) for t in client_types(args.clients, args.types)]
+    opts = {**base, "partition": "iid"}
+    data = [load_client_data(args.dataset, i, args.seed, opts) for i in range(args.clients)]
+    g = torch.Generator().manual_seed(derive_seed(args.seed, "distfl_clustering_attackers"))
+    attackers = set(torch.randperm(args.clients, generator=g)[: args.attackers].tolist())
+    groups = []
+    for i, d in enumerate(data):
+        if i in attackers:
+            d.y_train = flip_labels(d.y_train, FLIP, d.num_classes)
+        groups.append(1 if i in attackers else 0)
+    return data, groups
+
+
+def _uploads(args: argparse.Namespace, data: list[Any]) -> tuple[torch.nn.Module, list[dict[str, torch.Tensor]],
+                                                                  dict[str, torch.Tensor], float]:
+    kwargs: dict[str, Any] = {"num_classes": data[0].num_classes}
+    if args.dataset == "cifar10" and args.model == "mnist_cnn_bn":
+        kwargs |= {"in_channels": 3, "image_size": 32}
+    model = build_model(args.model, kwargs, seed=args.seed)
+    global_state = {k: v.clone() for k, v in model.state_dict().items()}
+    tc = TrainingConfig(local_epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr)
+    weights = [float(d.num_train) for d in data]
+    started = time.perf_counter()
+    uploads: list[dict[str, torch.Tensor]] = []
+    for r in range(1, args.warmup + 2):  # warm-up rounds, then the round whose uploads are clustered
+        uploads = []
+        for i, d in enumerate(data):
+            model.load_state_dict(global_state)
+            train_local(model, d.x_train, d.y_train, tc, seed=derive_seed(args.seed, i, r, "batches"))
+            uploads.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        if r <= args.warmup:
+            global_state = _weighted_mean(uploads, weights, global_state)
+    target = _weighted_mean(uploads, weights, global_state)
+    return model, uploads, target, time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="cifar10")
+    ap.add_argument("--data-dir", default="", help="where the dataset files are (default: the loader's search)")
+    ap.add_argument("--scenario", choices=["types", "label-flip"], default="types")
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--types", type=int, default=5)
+    ap.add_argument("--samples", type=int, default=800, help="training samples per client (types)")
+    ap.add_argument("--attackers", type=int, default=20, help="label-flip: attacking clients")
+    ap.add_argument("--model", default="mnist_cnn_bn")
+    ap.add_argument("--warmup", type=int, default=2, help="FedAvg rounds before the clustered round")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--z", type=int, nargs="+", default=[200])
+    ap.add_argument("--steps", type=int, nargs="+", default=[0, 200])
+    ap.add_argument("--top", type=float, nargs="+", default=[0.5])
+    ap.add_argument("--tau", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.5])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--md", default="", help="also write the table to this markdown file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+
+    data, truth = _data(args)
+    model, uploads, target, train_s = _uploads(args, data)
+    input_shape = tuple(model.input_shape)  # type: ignore[arg-type]
+    lines = [f"# DistFL clustering, {args.scenario} on {args.dataset}: {args.clients} clients, model {args.model}, "
+             f"{args.warmup} warm-up FedAvg rounds + 1 clustered round, {args.epochs} local epoch(s), seed "
+             f"{args.seed} (training {train_s:.1f} s)", "",
+             "| z | steps | E% | Eq. 4 loss (first -> final) | extract s | responses s | cluster s | "
+             + " | ".join(f"ARI / clusters at tau={t}" for t in args.tau) + " |",
+             "|" + " --- |" * (7 + len(args.tau))]
+    print("\n".join(lines), flush=True)
+    for z, steps, top in itertools.product(args.z, args.steps, args.top):
+        cfg = distfl.DistflConfig(enabled=True, z=z, steps=steps, top_fraction=top).validate()
+        model.load_state_dict(target)
+        t0 = time.perf_counter()
+        ext = distfl.synthesize(model, input_shape, cfg,
+                                torch.Generator().manual_seed(derive_seed(args.seed, "distfl_inputs")))
+        t1 = time.perf_counter()
+        vs = []
+        for up in uploads:
+            model.load_state_dict(up)
+            vs.append(distfl.responses(model, ext.inputs))
+        t2 = time.perf_counter()
+        p = distfl.kl_matrix(vs).tolist()
+        cells = []
+        for tau in args.tau:
+            comps = distfl.link_components(p, tau)
+            labels = [0] * len(uploads)
+            for ci, comp in enumerate(comps):
+                for i in comp:
+                    labels[i] = ci
+            ari = distfl.adjusted_rand_index(truth, labels)
+            pure = all(len({truth[i] for i in comp}) == 1 for comp in comps)
+            cells.append(f"{ari:.3f} / {len(comps)}" + ("" if args.scenario == "types" else
+                                                         (" pure" if pure else " mixed")))
+        t3 = time.perf_counter()
+        first = f"{float(ext.losses[0]):.3f}" if len(ext.losses) else "-"
+        row = (f"| {z} | {steps} | {round(top * 100)} | {first} -> {float(ext.final_loss):.3f} | "
+               f"{t1 - t0:.2f} | {t2 - t1:.2f} | {(t3 - t2) / len(args.tau):.3f} | " + " | ".join(cells) + " |")
+        lines.append(row)
+        print(row, flush=True)
+    if args.md:
+        Path(args.md).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.md).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
