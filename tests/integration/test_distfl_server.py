@@ -145,3 +145,20 @@ def test_a_model_without_batchnorm_is_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         Coordinator(cfg)
     assert e.value.field == "distfl.enabled" and "BatchNorm" in str(e.value)
+
+
+def test_reclustering_keeps_ids_drops_retired_models_and_small_clusters_keep_their_model(tmp_path: Path) -> None:
+    """Re-clustering every 2 rounds: every model the server keeps belongs to a live cluster (retired clusters'
+    models are dropped) and every client's cluster is live. A robust rule that needs 3 updates (trimmed mean,
+    trim 1 per side) cannot aggregate a cluster of one or two: that cluster keeps its model and the round goes on."""
+    cfg = _config(tmp_path, "re", rounds=6, distfl={"tau": 0.001, "recluster_every": 2},
+                  aggregation={"rule": "trimmed_mean", "trim_m": 1})
+    status, _, _ = _run(cfg)
+    rows = list(status.history)
+    assert [r.round for r in rows] == [1, 2, 3, 4, 5, 6] and status.distfl.clustered_round == 6
+    live = set(status.distfl.clusters)
+    assert set(status.distfl.assignment.values()) == live
+    assert set(_models(cfg)) == {"global", *live}
+    # Singletons and pairs cannot be trimmed: counted, not fatal.
+    small = [r for r in rows[1:] if any(n < 3 for n in r.clusters.values())]
+    assert small and all(r.metrics["distfl_not_aggregated"] >= 1 for r in small)
