@@ -1,0 +1,212 @@
+"""DistFL acceptance experiment (issue 12): DistFL vs FedAvg vs Local as real federations on loopback.
+
+    python tools/distfl_experiment.py run --scenario mnist-flip --seeds 0 [--rounds 30] [--timeout 540]
+    python tools/distfl_experiment.py summarize runs/distfl_exp --md docs/results/distfl_acceptance.md
+
+``run`` launches, per scenario and seed, two federations with ``python -m tools.launch --config
+configs/distfl_<scenario>.toml`` (real fedserver and virtual fedclient processes): ``distfl`` (the config's
+``[distfl]``) and ``fedavg`` (``distfl.enabled = false``), each in ``OUT/<scenario>-<arm>-s<seed>/``. A run
+stopped at ``--timeout`` keeps its completed rounds and resumes from them when the command is run again.
+
+``summarize`` reads the runs and prints, per scenario and arm, means of the last 10 rounds (every client takes
+part in every round in these scenarios):
+- ``local acc``: the clients' accuracy on their own test splits with the model they were handed (DistFL: their
+  cluster's; FedAvg: the global model), benign clients only;
+- ``Local``: the clients' stand-alone models' accuracy Pᵢ = Vᵢ − βᵢ (benign), the "Local" row of DistFL Table 2;
+- ``ARI``: the final clusters against the true groups (types: the distribution type; mnist-flip: attacker or
+  benign; har: none, the number of clusters only) and the number of clusters;
+- mnist-flip: accuracy and attack success rate (DistFL Eq. 9, sources 0–7 → their swapped labels) of the model
+  of the cluster holding most benign clients, and of FedAvg's global model, on the pooled test splits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SCENARIOS = {"cifar-types": "configs/distfl_cifar_types.toml", "mnist-flip": "configs/distfl_mnist_flip.toml",
+             "har": "configs/distfl_har.toml"}
+ARMS = {"distfl": [], "fedavg": ["--server-set", "distfl.enabled=false"]}
+
+
+def _finished(run_dir: Path) -> bool:
+    return (run_dir / "final_model.fgt").exists()
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    for seed in args.seeds:
+        for arm, extra in ARMS.items():
+            name = f"{args.scenario}-{arm}-s{seed}"
+            run_dir = out / name
+            if _finished(run_dir):
+                print(f"{name}: already finished", flush=True)
+                continue
+            run_dir.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "tools.launch", "--config", SCENARIOS[args.scenario], "--run-dir",
+                   str(run_dir), "--seed", str(seed), *extra]
+            if (run_dir / "state").is_dir():
+                cmd.append("--resume")
+            if args.rounds:
+                cmd += ["--rounds", str(args.rounds)]
+            started = time.monotonic()
+            with open(run_dir / "launch.txt", "ab") as log:
+                p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                     start_new_session=True)
+                try:
+                    p.wait(timeout=args.timeout or None)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, 15)  # the server exits resumable; its completed rounds are on disk
+                    p.wait()
+            print(f"{name}: exit {p.returncode} after {time.monotonic() - started:.0f} s", flush=True)
+    return 0
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "rounds.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _mean(vals: list[float]) -> float:
+    vals = [v for v in vals if v is not None and not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def _fmt(v: float) -> str:
+    return "-" if math.isnan(v) else f"{v:.3f}"
+
+
+def _final(run_dir: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The final snapshot's models by id and its DistFL slot."""
+    from fedserver.store import StateStore
+
+    store = StateStore(run_dir / "state", keep=3)
+    try:
+        snap = store.load().snapshot
+        if snap is None:
+            return {}, {}
+        return {k: dict(v) for k, v in snap.models.items()}, dict(snap.state.get("slots", {}).get("distfl", {}))
+    finally:
+        store.close()
+
+
+def _truth(scenario: str, config: dict[str, Any], seed: int, n: int) -> dict[str, int] | None:
+    if scenario == "cifar-types":
+        from fedcore.data.partition import client_types
+
+        types = client_types(n, int(config["data"]["options"]["num_types"]))
+        return {f"client-{i:05d}": int(types[i]) for i in range(n)}
+    if scenario == "mnist-flip":
+        from tools.launch import attacker_indices
+
+        bad = set(attacker_indices(n, float(config["launch"]["attackers"]), seed))
+        return {f"client-{i:05d}": int(i in bad) for i in range(n)}
+    return None
+
+
+def _flip_metrics(config: dict[str, Any], seed: int, state: dict[str, Any]) -> tuple[float, float]:
+    """Accuracy and ASR of ``state`` on the pooled test splits of the scenario's clients."""
+    import torch
+
+    from fedcore.attacks import AttackConfig
+    from fedcore.attacks.poisoning import target_mapping
+    from fedcore.data import load_client_data
+    from fedcore.metrics import attack_success_rate, central_accuracy, pooled_test_set
+    from fedcore.models import build_model
+
+    opts = dict(config["data"]["options"])
+    n = int(opts["num_clients"])
+    x, y = pooled_test_set(load_client_data(config["data"]["dataset"], i, seed, opts) for i in range(n))
+    model = build_model(config["model"]["name"], config["model"].get("kwargs", {}), seed=seed)
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
+    attack = config["launch"]["attack"]
+    mapping = target_mapping(AttackConfig(kind="label_flip", flip=attack["flip"],
+                                          pairs=tuple(tuple(p) for p in attack["pairs"])), 10)
+    return central_accuracy(model, x, y), attack_success_rate(model, x, y, mapping)
+
+
+def summarize(args: argparse.Namespace) -> int:
+    import tomllib
+
+    from fedcore.distfl import adjusted_rand_index
+
+    base = Path(args.dir)
+    lines = ["| scenario | arm | seeds | rounds | local acc (benign) | Local (benign) | clusters | ARI | "
+             "benign-cluster / global ACC | ASR |", "|" + " --- |" * 10]
+    for scenario, cfg_path in SCENARIOS.items():
+        config = tomllib.loads((ROOT / cfg_path).read_text())
+        n = int(config["launch"]["clients"])
+        for arm in ARMS:
+            names = sorted(p.name for p in base.glob(f"{scenario}-{arm}-s*") if _rows(p))
+            if not names:
+                continue
+            acc, local, clusters, aris, accs, asrs, reached = [], [], [], [], [], [], []
+            for name in names:
+                run_dir = base / name
+                seed = int(name.rsplit("-s", 1)[1])
+                rows = _rows(run_dir)
+                tail = rows[-10:]
+                reached.append(str(len(rows)))
+                acc.append(_mean([r.get("test_accuracy_benign", math.nan) for r in tail]))
+                local.append(_mean([r.get("test_accuracy_benign", math.nan) - r.get("beta_benign", math.nan)
+                                    for r in tail]))
+                models, slot = _final(run_dir)
+                assignment = dict(slot.get("state", {}).get("assignment", {}))
+                clusters.append(float(len(set(assignment.values()))) if assignment else math.nan)
+                truth = _truth(scenario, config, seed, n)
+                if truth is not None and assignment:
+                    ids = sorted(assignment)
+                    aris.append(adjusted_rand_index([truth[c] for c in ids], [assignment[c] for c in ids]))
+                if scenario == "mnist-flip" and models:
+                    if arm == "distfl" and assignment and truth is not None:
+                        benign = [assignment[c] for c in assignment if truth[c] == 0]
+                        model_id = max(sorted(set(benign)), key=benign.count)
+                    else:
+                        model_id = "global"
+                    a, s = _flip_metrics(config, seed, models[model_id])
+                    accs.append(a)
+                    asrs.append(s)
+            lines.append(f"| {scenario} | {arm} | {len(names)} | {'/'.join(reached)} | {_fmt(_mean(acc))} | "
+                         f"{_fmt(_mean(local))} | {_fmt(_mean(clusters))} | {_fmt(_mean(aris))} | "
+                         f"{_fmt(_mean(accs))} | {_fmt(_mean(asrs))} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.md:
+        Path(args.md).write_text(text + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--scenario", choices=list(SCENARIOS), required=True)
+    r.add_argument("--out", default="runs/distfl_exp")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0])
+    r.add_argument("--rounds", type=int, default=0, help="0: the config's")
+    r.add_argument("--timeout", type=float, default=0.0, help="stop a run after this many seconds (0: never)")
+    s = sub.add_parser("summarize")
+    s.add_argument("dir")
+    s.add_argument("--md", default="")
+    args = ap.parse_args(argv)
+    return run(args) if args.cmd == "run" else summarize(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
