@@ -22,7 +22,6 @@ part in every round in these scenarios):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -35,25 +34,22 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tools.runs import child_env, finished, finite_mean, fmt, read_rows  # noqa: E402
+
 SCENARIOS = {"cifar-types": "configs/distfl_cifar_types.toml", "mnist-flip": "configs/distfl_mnist_flip.toml",
              "har": "configs/distfl_har.toml"}
 ARMS = {"distfl": [], "fedavg": ["--server-set", "distfl.enabled=false"]}
 
 
-def _finished(run_dir: Path) -> bool:
-    return (run_dir / "final_model.fgt").exists()
-
-
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    env = child_env()
     for seed in args.seeds:
         for arm, extra in ARMS.items():
             name = f"{args.scenario}-{arm}-s{seed}"
             run_dir = out / name
-            if _finished(run_dir):
+            if finished(run_dir):
                 print(f"{name}: already finished", flush=True)
                 continue
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -74,22 +70,6 @@ def run(args: argparse.Namespace) -> int:
                     p.wait()
             print(f"{name}: exit {p.returncode} after {time.monotonic() - started:.0f} s", flush=True)
     return 0
-
-
-def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "rounds.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _mean(vals: list[float]) -> float:
-    vals = [v for v in vals if v is not None and not math.isnan(v)]
-    return sum(vals) / len(vals) if vals else math.nan
-
-
-def _fmt(v: float) -> str:
-    return "-" if math.isnan(v) else f"{v:.3f}"
 
 
 def _final(run_dir: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
@@ -153,18 +133,18 @@ def summarize(args: argparse.Namespace) -> int:
         config = tomllib.loads((ROOT / cfg_path).read_text())
         n = int(config["launch"]["clients"])
         for arm in ARMS:
-            names = sorted(p.name for p in base.glob(f"{scenario}-{arm}-s*") if _rows(p))
+            names = sorted(p.name for p in base.glob(f"{scenario}-{arm}-s*") if read_rows(p))
             if not names:
                 continue
             acc, local, clusters, aris, accs, asrs, reached = [], [], [], [], [], [], []
             for name in names:
                 run_dir = base / name
                 seed = int(name.rsplit("-s", 1)[1])
-                rows = _rows(run_dir)
+                rows = read_rows(run_dir)
                 tail = rows[-10:]
                 reached.append(str(len(rows)))
-                acc.append(_mean([r.get("test_accuracy_benign", math.nan) for r in tail]))
-                local.append(_mean([r.get("test_accuracy_benign", math.nan) - r.get("beta_benign", math.nan)
+                acc.append(finite_mean([r.get("test_accuracy_benign", math.nan) for r in tail]))
+                local.append(finite_mean([r.get("test_accuracy_benign", math.nan) - r.get("beta_benign", math.nan)
                                     for r in tail]))
                 models, slot = _final(run_dir)
                 assignment = dict(slot.get("state", {}).get("assignment", {}))
@@ -182,9 +162,9 @@ def summarize(args: argparse.Namespace) -> int:
                     a, s = _flip_metrics(config, seed, models[model_id])
                     accs.append(a)
                     asrs.append(s)
-            lines.append(f"| {scenario} | {arm} | {len(names)} | {'/'.join(reached)} | {_fmt(_mean(acc))} | "
-                         f"{_fmt(_mean(local))} | {_fmt(_mean(clusters))} | {_fmt(_mean(aris))} | "
-                         f"{_fmt(_mean(accs))} | {_fmt(_mean(asrs))} |")
+            lines.append(f"| {scenario} | {arm} | {len(names)} | {'/'.join(reached)} | {fmt(finite_mean(acc))} | "
+                         f"{fmt(finite_mean(local))} | {fmt(finite_mean(clusters))} | {fmt(finite_mean(aris))} | "
+                         f"{fmt(finite_mean(accs))} | {fmt(finite_mean(asrs))} |")
     text = "\n".join(lines)
     print(text)
     if args.md:

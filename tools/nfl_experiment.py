@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import subprocess
@@ -37,6 +36,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.runs import child_env, finished, finite_mean, fmt, read_rows  # noqa: E402
+
 ENVS = {"nfl": "configs/mnist_nfl.toml", "ideal": "configs/mnist_ideal.toml"}
 ARMS = {
     "fedavg": ["--nfl-mode", "off"],
@@ -71,17 +75,11 @@ def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir
     return cmd
 
 
-def _finished(run_dir: Path) -> bool:
-    """Whether the run's server completed its federation (its final model is written then)."""
-    return (run_dir / "final_model.fgt").exists()
-
-
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(e, a, s) for s in args.seeds for e in args.envs for a in args.arms]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    env = child_env()
     running: list[tuple[str, subprocess.Popen[bytes], float, Any]] = []
     t0 = time.monotonic()
     while jobs or running:
@@ -89,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             e, a, s = jobs.pop(0)
             name = f"{e}-{a}-s{s}"
             run_dir = out / name
-            if _finished(run_dir):
+            if finished(run_dir):
                 print(f"[{time.monotonic() - t0:7.1f}s] {name} already finished", flush=True)
                 continue
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -117,20 +115,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "rounds.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _mean(vals: list[float]) -> float:
-    vals = [v for v in vals if v is not None and not math.isnan(v)]
-    return sum(vals) / len(vals) if vals else math.nan
-
-
 def _tail(rows: list[dict[str, Any]], key: str, last: int = 10) -> float:
-    return _mean([r.get(key, math.nan) for r in rows[-last:]])
+    return finite_mean([r.get(key, math.nan) for r in rows[-last:]])
 
 
 def _first(rows: list[dict[str, Any]], pred: Any) -> int | None:
@@ -146,7 +132,7 @@ def _cancel_round(rows: list[dict[str, Any]]) -> int | None:
 
 def summarize(args: argparse.Namespace) -> int:
     base = Path(args.dir)
-    runs = {p.name: _rows(p) for p in sorted(base.iterdir()) if p.is_dir()}
+    runs = {p.name: read_rows(p) for p in sorted(base.iterdir()) if p.is_dir()}
     lines = ["| env | arm | clients | seeds | rounds | central acc | acc | beta | mean abs(beta_hat - beta) | "
              "detect round | cancel round | compute vs FedAvg | passes vs vanilla |", "|" + " --- |" * 13]
     for env in ENVS:
@@ -164,22 +150,23 @@ def summarize(args: argparse.Namespace) -> int:
                     seed = n.rsplit("-s", 1)[1]
                     accs.append(_tail(rows, acc_key))
                     central.append(_tail(rows, "central_accuracy"))
-                    passes.append(_mean([r.get("client_passes", math.nan) for r in rows]))
+                    passes.append(finite_mean([r.get("client_passes", math.nan) for r in rows]))
                     betas.append(_tail(rows, beta_key))
-                    errs.append(_mean([r.get("beta_hat_error", math.nan) for r in rows]))
+                    errs.append(finite_mean([r.get("beta_hat_error", math.nan) for r in rows]))
                     dets.append(_first(rows, lambda r: r.get("nfl") == "reported"))
                     cans.append(_cancel_round(rows))
                     nrounds.append(len(rows))
                     ref = runs.get(f"{env}-fedavg-s{seed}", [])
-                    mine = _mean([r.get("client_seconds", math.nan) for r in rows])
-                    theirs = _mean([r.get("client_seconds", math.nan) for r in ref])
+                    mine = finite_mean([r.get("client_seconds", math.nan) for r in rows])
+                    theirs = finite_mean([r.get("client_seconds", math.nan) for r in ref])
                     comp.append(mine / theirs if theirs and not math.isnan(theirs) else math.nan)
                 lines.append(
                     f"| {env} | {arm} | {group} | {len(names)} | {'/'.join(map(str, nrounds))} | "
-                    f"{_fmt(_mean(central))} | {_fmt(_mean(accs))} | {_fmt(_mean(betas))} | {_fmt(_mean(errs))} | "
+                    f"{fmt(finite_mean(central))} | {fmt(finite_mean(accs))} | {fmt(finite_mean(betas))} | "
+                    f"{fmt(finite_mean(errs))} | "
                     f"{'/'.join('-' if d is None else str(d) for d in dets)} | "
-                    f"{'/'.join('-' if c is None else str(c) for c in cans)} | {_fmt(_mean(comp), 2)}x | "
-                    f"{_fmt(_mean(passes), 2)}x |")
+                    f"{'/'.join('-' if c is None else str(c) for c in cans)} | {fmt(finite_mean(comp), 2)}x | "
+                    f"{fmt(finite_mean(passes), 2)}x |")
     text = "\n".join(lines)
     print(text)
     if args.md:
@@ -213,7 +200,7 @@ def _plot(runs: dict[str, list[dict[str, Any]]], out: Path) -> None:
                     for r in runs[n]:
                         by_round.setdefault(int(r["round"]), []).append(r.get(key, math.nan))
                 xs = sorted(by_round)
-                axes[row][col].plot(xs, [_mean(by_round[x]) for x in xs], label=arm, linewidth=1.2)
+                axes[row][col].plot(xs, [finite_mean(by_round[x]) for x in xs], label=arm, linewidth=1.2)
         axes[0][col].set_title(f"{env}: benign local accuracy (mean over seeds)")
         axes[1][col].set_title(f"{env}: benign beta")
         axes[1][col].axhline(0.0, color="grey", linewidth=0.6)
@@ -223,10 +210,6 @@ def _plot(runs: dict[str, list[dict[str, Any]]], out: Path) -> None:
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
-
-
-def _fmt(v: float, digits: int = 3) -> str:
-    return "-" if math.isnan(v) else f"{v:.{digits}f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,6 +59,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedcore.checks import check_known_fields
 from fedcore.distfl.config import DistflConfig
 from fedcore.distfl.similarity import kl_matrix, link_components
 
@@ -172,10 +173,7 @@ class ClusterState:
     def from_dict(cls, d: Mapping[str, Any]) -> ClusterState:
         """The state from :meth:`to_dict`'s output (after a JSON round trip too); :class:`ValueError` naming an
         unknown field."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        for k in d:
-            if k not in known:
-                raise ValueError(f"{k}: unknown DistFL cluster state field; known: {', '.join(sorted(known))}")
+        check_known_fields(cls, d, "DistFL cluster state")
         d = dict(d)
         d["assignment"] = {str(k): str(v) for k, v in d.get("assignment", {}).items()}
         try:

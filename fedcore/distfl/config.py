@@ -12,8 +12,9 @@ runs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from fedcore.checks import is_finite_number, is_int
 
 
 @dataclass
@@ -53,14 +54,6 @@ class DistflConfig:
         return self
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_real(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def validate_distfl_config(c: DistflConfig, prefix: str = "distfl") -> None:
     """Raise :class:`fedcore.config.ConfigError` naming ``<prefix>.<field>`` for the first unusable field."""
     from fedcore.config import ConfigError
@@ -70,14 +63,14 @@ def validate_distfl_config(c: DistflConfig, prefix: str = "distfl") -> None:
             raise ConfigError(f"{prefix}.{name}", message)
 
     check(isinstance(c.enabled, bool), "enabled", f"must be true or false, got {c.enabled!r}")
-    check(_is_int(c.z) and c.z >= 1, "z", f"must be an integer >= 1 (synthetic inputs), got {c.z!r}")
-    check(_is_int(c.steps) and c.steps >= 0, "steps", f"must be an integer >= 0 (Adam steps), got {c.steps!r}")
-    check(_is_real(c.lr) and c.lr > 0, "lr", f"must be a finite number > 0, got {c.lr!r}")
-    check(_is_real(c.top_fraction) and 0 < c.top_fraction <= 1, "top_fraction",
+    check(is_int(c.z) and c.z >= 1, "z", f"must be an integer >= 1 (synthetic inputs), got {c.z!r}")
+    check(is_int(c.steps) and c.steps >= 0, "steps", f"must be an integer >= 0 (Adam steps), got {c.steps!r}")
+    check(is_finite_number(c.lr) and c.lr > 0, "lr", f"must be a finite number > 0, got {c.lr!r}")
+    check(is_finite_number(c.top_fraction) and 0 < c.top_fraction <= 1, "top_fraction",
           f"must be a number in (0, 1] (the share of BN channels matched), got {c.top_fraction!r}")
-    check(_is_real(c.tau) and c.tau > 0, "tau", f"must be a finite number > 0, got {c.tau!r}")
-    check(_is_int(c.warmup_rounds) and c.warmup_rounds >= 0, "warmup_rounds",
+    check(is_finite_number(c.tau) and c.tau > 0, "tau", f"must be a finite number > 0, got {c.tau!r}")
+    check(is_int(c.warmup_rounds) and c.warmup_rounds >= 0, "warmup_rounds",
           f"must be an integer >= 0, got {c.warmup_rounds!r}")
-    check(_is_int(c.recluster_every) and c.recluster_every >= 0, "recluster_every",
+    check(is_int(c.recluster_every) and c.recluster_every >= 0, "recluster_every",
           f"must be an integer >= 0 (0 = never re-cluster), got {c.recluster_every!r}")
-    check(_is_int(c.jitter) and c.jitter >= 0, "jitter", f"must be an integer >= 0 (pixels), got {c.jitter!r}")
+    check(is_int(c.jitter) and c.jitter >= 0, "jitter", f"must be an integer >= 0 (pixels), got {c.jitter!r}")

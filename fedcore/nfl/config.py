@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fedcore.checks import is_int
+
 # Modes (FL-GUARD §4.3): vanilla FL until the detector reports NFL / the recovery flag set from round 1 with no
 # detection ("all-time recovery") / no recovery ever (vanilla FL; β̂ and Δ are still tracked for display).
 DETECT_AND_RECOVER = "detect-and-recover"
@@ -60,10 +62,6 @@ class NflConfig:
         return self
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def validate_nfl_config(c: NflConfig, prefix: str = "nfl") -> None:
     """Raise :class:`fedcore.config.ConfigError` naming ``<prefix>.<field>`` for the first unusable field."""
     from fedcore.config import ConfigError
@@ -76,13 +74,13 @@ def validate_nfl_config(c: NflConfig, prefix: str = "nfl") -> None:
     check(c.mode in MODES, "mode", f"one of {', '.join(repr(m) for m in MODES)}, got {c.mode!r}")
     check(isinstance(c.detector, str) and c.detector in DETECTORS, "detector",
           f"unknown NFL detector {c.detector!r}; known: {', '.join(DETECTORS.names())}")
-    check(_is_int(c.nr) and c.nr >= 0, "nr", f"must be an integer >= 0, got {c.nr!r}")
-    check(_is_int(c.c) and c.c >= 1, "c", f"must be an integer >= 1, got {c.c!r}")
+    check(is_int(c.nr) and c.nr >= 0, "nr", f"must be an integer >= 0, got {c.nr!r}")
+    check(is_int(c.c) and c.c >= 1, "c", f"must be an integer >= 1, got {c.c!r}")
     check(isinstance(c.epsilon, (int, float)) and not isinstance(c.epsilon, bool)
           and math.isfinite(c.epsilon) and c.epsilon > 0, "epsilon",
           f"must be a finite number > 0, got {c.epsilon!r}")
-    check(_is_int(c.r_prime) and c.r_prime >= 0, "r_prime", f"must be an integer >= 0, got {c.r_prime!r}")
+    check(is_int(c.r_prime) and c.r_prime >= 0, "r_prime", f"must be an integer >= 0, got {c.r_prime!r}")
     check(c.recovery in RECOVERY_STRATEGIES, "recovery",
           f"one of {', '.join(repr(s) for s in RECOVERY_STRATEGIES)}, got {c.recovery!r}")
-    check(_is_int(c.delta_stop_rounds) and c.delta_stop_rounds >= 0, "delta_stop_rounds",
+    check(is_int(c.delta_stop_rounds) and c.delta_stop_rounds >= 0, "delta_stop_rounds",
           f"must be an integer >= 0 (0 disables the stop rule), got {c.delta_stop_rounds!r}")

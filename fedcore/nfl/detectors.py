@@ -65,6 +65,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedcore.checks import check_known_fields
 from fedcore.nfl.config import ALWAYS_RECOVER, DETECT_AND_RECOVER, SHORT_TERM, NflConfig
 from fedcore.registry import Registry
 
@@ -146,10 +147,7 @@ class NflState:
     def from_dict(cls, d: dict[str, Any]) -> NflState:
         """The state from :meth:`to_dict`'s output (after a JSON round trip too); :class:`ValueError` naming an
         unknown field."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        for k in d:
-            if k not in known:
-                raise ValueError(f"{k}: unknown NFL state field; known: {', '.join(sorted(known))}")
+        check_known_fields(cls, d, "NFL state")
         d = dict(d)
         d["medians"] = list(d.get("medians", []))
         try:

@@ -47,6 +47,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
+from fedcore.checks import is_finite_number, is_int
 from fedcore.config import ConfigError, TrainingConfig, from_dict
 from fedcore.seeds import RoundSeeds, derive_seed
 from fedcore.train import Batches, TrainResult, deterministic_dropout, model_device, shuffled_batches, train_local
@@ -73,14 +74,6 @@ FB = "fb"
 
 # ---- options ----
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 @dataclass(frozen=True)
 class DittoConfig:
     """Ditto options. ``lam``: λ_d of the proximal term (λ_d/2)‖vᵢ − w^{r-1}‖² (Ditto Eq. 2; FL-GUARD/SPEC §7:
@@ -91,9 +84,9 @@ class DittoConfig:
     personal_epochs: int | None = None
 
     def validate(self, prefix: str = "") -> DittoConfig:
-        if not _is_number(self.lam) or self.lam < 0:
+        if not is_finite_number(self.lam) or self.lam < 0:
             raise ConfigError(f"{prefix}lam", f"must be a finite number >= 0, got {self.lam!r}")
-        if self.personal_epochs is not None and (not _is_int(self.personal_epochs) or self.personal_epochs < 0):
+        if self.personal_epochs is not None and (not is_int(self.personal_epochs) or self.personal_epochs < 0):
             raise ConfigError(f"{prefix}personal_epochs",
                               f"must be an integer >= 0 (or absent for the round's epochs), "
                               f"got {self.personal_epochs!r}")
@@ -109,9 +102,9 @@ class ApflConfig:
     alpha_lr: float | None = None
 
     def validate(self, prefix: str = "") -> ApflConfig:
-        if not _is_number(self.alpha0) or not 0.0 <= self.alpha0 <= 1.0:
+        if not is_finite_number(self.alpha0) or not 0.0 <= self.alpha0 <= 1.0:
             raise ConfigError(f"{prefix}alpha0", f"must be a number in [0, 1], got {self.alpha0!r}")
-        if self.alpha_lr is not None and (not _is_number(self.alpha_lr) or self.alpha_lr < 0):
+        if self.alpha_lr is not None and (not is_finite_number(self.alpha_lr) or self.alpha_lr < 0):
             raise ConfigError(f"{prefix}alpha_lr",
                               f"must be a finite number >= 0 (or absent for the round's learning rate), "
                               f"got {self.alpha_lr!r}")
@@ -125,7 +118,7 @@ class FineTuneConfig:
     epochs: int = 1
 
     def validate(self, prefix: str = "") -> FineTuneConfig:
-        if not _is_int(self.epochs) or self.epochs < 0:
+        if not is_int(self.epochs) or self.epochs < 0:
             raise ConfigError(f"{prefix}epochs", f"must be an integer >= 0, got {self.epochs!r}")
         return self
 

@@ -1,0 +1,42 @@
+"""What the experiment drivers (``tools/nfl_experiment.py``, ``tools/distfl_experiment.py``) share: reading a run
+directory the launcher wrote, the environment of the runs they start, and the number formatting of their tables."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether the run's server completed its federation (its final model is written then)."""
+    return (run_dir / "final_model.fgt").exists()
+
+
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's ``rounds.jsonl`` rows (empty when it has none yet)."""
+    path = run_dir / "rounds.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def finite_mean(vals: list[float]) -> float:
+    """The mean of the values that are neither None nor NaN; NaN when none is."""
+    kept = [v for v in vals if v is not None and not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def fmt(v: float, digits: int = 3) -> str:
+    """A table cell: NaN prints as "-"."""
+    return "-" if math.isnan(v) else f"{v:.{digits}f}"
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a launched run: one OpenMP thread per process, the checkout importable."""
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
