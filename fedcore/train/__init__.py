@@ -83,13 +83,23 @@ Batches = Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]]
 
 
 def shuffled_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> Batches:
-    """Epoch e -> the mini-batches of a seeded shuffle of (x, y)."""
+    """Epoch e -> the mini-batches of a seeded shuffle of (x, y).
+
+    A last batch of a single sample is folded into the batch before it (which then has ``batch_size + 1``
+    samples): a BatchNorm layer cannot train on one sample (PyTorch refuses it), and a shard whose size is 1
+    modulo the batch size would otherwise stop every BatchNorm model at the end of its first epoch.
+    """
     g = torch.Generator().manual_seed(seed)
 
     def epoch(_: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        perm = torch.randperm(len(y), generator=g)
-        for start in range(0, len(y), batch_size):
-            idx = perm[start : start + batch_size]
+        n = len(y)
+        perm = torch.randperm(n, generator=g)
+        starts = list(range(0, n, batch_size))
+        if len(starts) > 1 and n - starts[-1] == 1:
+            starts.pop()
+        for i, start in enumerate(starts):
+            stop = starts[i + 1] if i + 1 < len(starts) else n
+            idx = perm[start:stop]
             yield x[idx], y[idx]
 
     return epoch

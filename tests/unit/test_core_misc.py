@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -10,7 +11,7 @@ from fedcore.aggregation import AggregationConfig, make_aggregator
 from fedcore.config import TrainingConfig
 from fedcore.data import DataError, load_client_data
 from fedcore.models import ModelError, build_model, model_fingerprint
-from fedcore.train import evaluate, train_local
+from fedcore.train import evaluate, shuffled_batches, train_local
 
 
 def test_weighted_fedavg_equals_hand_computation() -> None:
@@ -87,7 +88,8 @@ def test_local_training_lowers_loss() -> None:
     before = evaluate(model, data.x_train, data.y_train)
     res = train_local(model, data.x_train, data.y_train, TrainingConfig(local_epochs=3, learning_rate=0.05))
     after = evaluate(model, data.x_train, data.y_train)
-    assert res.steps == 3 * -(-len(data.y_train) // 10)
+    n = len(data.y_train)
+    assert res.steps == 3 * (-(-n // 10) - (1 if n > 10 and n % 10 == 1 else 0))
     assert after.loss < before.loss
 
 
@@ -148,3 +150,18 @@ def test_launcher_waits_for_the_fleet_unless_the_experiment_says_otherwise(tmp_p
     cfg.write_text(json.dumps({"rounds": {"min_available": 5}}))
     assert _configures_min_available(args)
     assert _configures_min_available(argparse.Namespace(server_set=["rounds.min_available = 2"], server_config=None))
+
+
+@pytest.mark.parametrize(("n", "sizes"), [(21, [10, 11]), (20, [10, 10]), (1, [1]), (11, [11]), (25, [10, 10, 5])])
+def test_a_last_batch_of_one_sample_is_folded_into_the_one_before(n: int, sizes: list[int]) -> None:
+    x, y = torch.arange(n, dtype=torch.float32).reshape(n, 1), torch.zeros(n, dtype=torch.long)
+    batches = list(shuffled_batches(x, y, 10, seed=3)(0))
+    assert [len(b) for _, b in batches] == sizes
+    assert sorted(torch.cat([b for b, _ in batches]).reshape(-1).tolist()) == list(range(n))  # each sample once
+
+
+def test_a_batchnorm_model_trains_on_a_shard_of_one_modulo_the_batch_size() -> None:
+    x, y = torch.randn(21, 20, generator=torch.Generator().manual_seed(0)), torch.arange(21) % 4
+    model = build_model("mlp_bn", {"in_features": 20, "num_classes": 4, "hidden": [8]}, seed=0)
+    res = train_local(model, x, y, TrainingConfig(local_epochs=2, batch_size=10, learning_rate=0.05))
+    assert res.steps == 4 and math.isfinite(res.loss)
