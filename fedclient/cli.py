@@ -18,8 +18,7 @@ import sys
 import threading
 from types import FrameType
 
-from fedcore.config import TOKEN_ENV, ClientConfig, ConfigError, build_config, parse_override
-from fedcore.log import configure_logging
+# Only what the parser needs is imported here: ``fedclient --help`` answers without importing torch.
 
 _FLAGS = {
     "server": (str, "server address host:port"),
@@ -69,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from fedcore.config import TOKEN_ENV, ClientConfig, ConfigError, build_config, parse_override
+    from fedcore.log import configure_logging
+
     overrides = [parse_override(s) for s in args.set]
     for flag in _FLAGS:
         value = getattr(args, flag)

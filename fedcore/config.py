@@ -71,20 +71,25 @@ class RoundsConfig:
     num_rounds: int = 10
     # K: updates that close a round.
     clients_per_round: int = 10
-    # Select ceil(K * over_select) clients so that stragglers do not hold a round.
+    # Select ceil(K * over_select) clients; the first K updates close the round, so stragglers do not hold it.
+    # Which K arrive first depends on timing: bit-identical reruns need 1.0 (the default).
     over_select: float = 1.0
-    # A round that reaches its deadline with at least this many updates still aggregates; 0 means K.
+    # A round whose deadline passes, or whose selected clients have all answered or been lost, aggregates when it
+    # has at least this many updates (else it is abandoned and re-run); 0 means half of K, rounded up, so one
+    # lost device never stops a federation.
     min_updates: int = 0
-    # Clients that must be available before a round starts; 0 means K.
+    # Clients that must be available before a round starts; 0 means K. Once the fleet has assembled (reached
+    # it once), a round also starts when every live client is available and there are at least min_updates:
+    # a lost device is not waited for.
     min_available: int = 0
     round_timeout_s: float = 60.0
-    # How long to wait for min_available clients before giving up on the federation.
+    # How long to wait for enough available clients before giving up on the federation (exit status 3).
     sampling_timeout_s: float = 300.0
     seed: int = 0
 
     @property
     def effective_min_updates(self) -> int:
-        return self.min_updates or self.clients_per_round
+        return self.min_updates or math.ceil(self.clients_per_round / 2)
 
     @property
     def effective_min_available(self) -> int:
@@ -331,7 +336,7 @@ def validate_server_config(c: ServerConfig) -> None:
     _check(c.persistence.keep_snapshots >= 1, "persistence.keep_snapshots",
            f"must be >= 1, got {c.persistence.keep_snapshots}")
     try:
-        c.aggregation.validate(r.clients_per_round, r.effective_min_updates)
+        c.aggregation.validate(r.clients_per_round, r.min_updates or None)
     except ValueError as e:
         raise _aggregation_error(e) from None
     c.nfl.validate("nfl")
@@ -359,6 +364,25 @@ def validate_server_config(c: ServerConfig) -> None:
            f"must be > 0, got {sec.replay_window_s}")
 
 
+def resolved_rounds(c: ServerConfig) -> RoundsConfig:
+    """The ``[rounds]`` section the round machine runs: ``min_updates = 0`` resolved to half of K rounded up,
+    raised to the fewest updates the aggregation rule works with (Krum with f needs 2f + 3)."""
+    r = c.rounds
+    if r.min_updates:
+        return r
+    from fedcore.aggregation.rules import build_rule
+
+    rule = build_rule(effective_aggregation(c))
+    n = r.effective_min_updates
+    while n < r.clients_per_round:
+        try:
+            rule.check(n)
+            break
+        except ValueError:
+            n += 1
+    return dataclasses.replace(r, min_updates=n)
+
+
 def effective_aggregation(c: ServerConfig) -> AggregationConfig:
     """The aggregation configuration the server runs: ``[aggregation]``, with ``exact_metrics`` on when the NFL
     detector is LINDT's Δ, which needs w_div exactly (a CountSketch estimate errs by about 1%, more than ε = 0.1
@@ -384,6 +408,29 @@ def check_aggregation_memory(c: ServerConfig, num_params: int) -> None:
             check_memory(effective_aggregation(c), c.rounds.clients_per_round, num_params, budget)
         except ValueError as e:
             raise _aggregation_error(e) from None
+
+
+def check_data_config(c: ServerConfig) -> None:
+    """Refuse, before the server listens, a dataset clients cannot load (unknown name, an option it does not
+    take) and a K or ``min_available`` above the number of clients the data has (no round could ever start)."""
+    from fedcore.data import DataError, available_datasets, check_dataset
+
+    if c.data.dataset not in available_datasets():
+        raise ConfigError("data.dataset", f"unknown dataset {c.data.dataset!r}; known: "
+                                          f"{', '.join(available_datasets())}")
+    try:
+        shards = check_dataset(c.data.dataset, c.data.options)
+    except DataError as e:
+        raise ConfigError("data.options", str(e)) from None
+    if shards is None:
+        return
+    r = c.rounds
+    where = f"data.options num_clients = {shards}" if "num_clients" in c.data.options else \
+        f"{c.data.dataset} makes {shards} clients unless data.options sets num_clients"
+    _check(r.clients_per_round <= shards, "rounds.clients_per_round",
+           f"K = {r.clients_per_round} is more than the {shards} clients the data has ({where})")
+    _check(r.min_available <= shards, "rounds.min_available",
+           f"{r.min_available} is more than the {shards} clients the data has ({where})")
 
 
 def validate_training_config(t: TrainingConfig, prefix: str = "training") -> None:

@@ -24,8 +24,11 @@ class RoundReport:
     attempt: int = 0
     selected: int = 0
     accepted: int = 0
-    # Updates refused while this round was current, solicited or not.
+    # Updates refused while this round was current, solicited or not (abandoned attempts' not counted) ...
     rejected: int = 0
+    # Uploads refused because their round (or attempt) had already closed (late stragglers), since the federation
+    # began (a running total, so none is lost between two reports).
+    late_total: int = 0
     # Sample-weighted mean of the clients' reported training losses.
     mean_train_loss: float = NAN
     # Mean over participants of the received model's accuracy on their local test split.

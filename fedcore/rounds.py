@@ -52,6 +52,11 @@ class RoundState:
     rejected_total: int = 0
     clients: dict[str, ClientRecord] = field(default_factory=dict)
     outcome: str = ""
+    # The fleet reached min_available once since this server started: from then on a round does not wait for
+    # clients that were lost (see :func:`start_needs`).
+    assembled: bool = False
+    # Uploads refused because their round (or attempt) had already closed, since the federation began.
+    late_total: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -258,6 +263,8 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
     elif isinstance(obs, UpdateRejected):
         s.rejected_total += 1
         s.rejected_in_round += 1
+        if obs.round < s.round or (obs.round == s.round and s.phase != TRAINING):
+            s.late_total += 1
         if obs.round == s.round and s.phase == TRAINING and obs.client_id in s.selected:
             s.rejected.setdefault(obs.client_id, obs.reason)
     elif isinstance(obs, Aggregated) and s.phase == AGGREGATING and obs.round == s.round:
@@ -305,6 +312,8 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
     if s.phase == SAMPLING:
         alive = s.available_ids()
         if len(alive) >= config.effective_min_available:
+            s.assembled = True
+        if len(alive) >= start_needs(s, config):
             _start_round(s, alive, now, config, events)
         elif now - s.phase_since >= config.sampling_timeout_s:
             if len(alive) >= config.effective_min_updates:
@@ -328,6 +337,17 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
                 s.attempt += 1
                 _to_sampling(s, now)
                 _advance(s, now, config, limits, events)
+
+
+def start_needs(s: RoundState, config: RoundsConfig) -> int:
+    """Available clients a round needs to start: ``min_available`` (K by default) until the fleet has reached it
+    once; after that, every live client (those not lost to silence or a leave) when fewer than that are alive,
+    but never fewer than ``min_updates``. In a healthy fleet this is ``min_available``; a lost device lowers it
+    at once instead of stalling the federation until ``sampling_timeout_s``."""
+    if not s.assembled:
+        return config.effective_min_available
+    alive = sum(1 for c in s.clients.values() if c.alive)
+    return max(config.effective_min_updates, min(config.effective_min_available, alive))
 
 
 def _start_round(s: RoundState, alive: list[str], now: float, config: RoundsConfig, events: list[Event]) -> None:
@@ -356,6 +376,7 @@ def resume(state: RoundState, completed_rounds: int, config: RoundsConfig, now: 
     s = state
     for rec in s.clients.values():
         rec.alive, rec.ready, rec.last_seen = False, False, now
+    s.assembled = False  # every client must re-join: wait for the fleet to assemble again
     if s.phase == AGGREGATING and s.round == completed_rounds:
         if s.round >= config.num_rounds:
             s.phase, s.outcome = FINISHED, "completed"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -38,20 +41,48 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
 
+def check_port_free(address: str) -> None:
+    """:class:`ConfigError` naming ``server.address`` when its port cannot be bound (in use, no such local
+    address): checked with a plain socket first, so the refusal is one line instead of gRPC's core log."""
+    host, _, port_s = address.rpartition(":")
+    host = host.strip("[]")
+    port = int(port_s)
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError("server.address", f"cannot resolve {host!r}: {e.strerror}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with contextlib.closing(socket.socket(family, kind, proto)) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as e:
+            in_use = e.errno == errno.EADDRINUSE
+            reason = "is in use by another process" if in_use else f"cannot be bound ({e.strerror})"
+            raise ConfigError("server.address", f"port {port} on {host or '*'} {reason}; pick another with "
+                                                f"--address HOST:PORT (port 0 picks a free one)") from None
+
+
 def listen(server: grpc.aio.Server, config: ServerConfig) -> int:
     """Bind the configured address: TLS (mutual with ``security.client_ca``), or plaintext only when
     ``security.insecure`` opts in, with a loud warning."""
     address = config.server.address
+    check_port_free(address)
     if config.security.insecure:
         get_logger("fedserver").warning(
             "security.insecure", address=address,
             warning="PLAINTEXT gRPC: anyone on the network path can read and alter models and updates and play "
                     "this server or its clients. Use --tls-cert/--tls-key (fedguard-certs makes them).")
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, server_credentials(config))
+    credentials = None if config.security.insecure else server_credentials(config)
+    try:
+        port = server.add_insecure_port(address) if credentials is None else \
+            server.add_secure_port(address, credentials)
+    except RuntimeError:  # lost a race for the port after the check
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {address}")
+        raise ConfigError("server.address", f"cannot listen on {address}")
     return int(port)
 
 
@@ -64,11 +95,11 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
     federation finished (at most ``linger_s`` seconds), so that clients leave cleanly. When ``stop`` is set
     first, the stop is graceful (:meth:`Coordinator.stop`): the status then has ``stopping`` set.
     """
-    coord = Coordinator(config)
-    coord.open(fresh)
+    coord = Coordinator(config)  # checks the configuration before anything listens or touches the run dir
     server = grpc.aio.server(options=grpc_options(config))
     servicer, health = add_to_server(server, coord)
     port = listen(server, config)
+    coord.open(fresh)
     await server.start()
     await set_serving(health, True)
     sec = config.security

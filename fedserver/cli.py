@@ -26,12 +26,14 @@ import json
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedcore.config import TOKEN_ENV, ConfigError, ServerConfig, build_config, parse_override, redacted
-from fedcore.log import configure_logging
-from fedcore.report import FederationStatus
-from fedserver.store import StoreError
+from fedserver.errors import EXIT_CONFIG, EXIT_STALLED, EXIT_STOPPED
+
+# Only what the parser needs is imported here: ``fedserver --help`` answers without importing torch.
+if TYPE_CHECKING:
+    from fedcore.config import ServerConfig
+    from fedcore.report import FederationStatus
 
 # flag -> (config path, type)
 _FLAGS: dict[str, tuple[str, Any, str]] = {
@@ -98,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    from fedcore.config import TOKEN_ENV, ConfigError, ServerConfig, build_config, parse_override
+
     overrides = [parse_override(s) for s in args.set]
     for flag, (path, _, _) in _FLAGS.items():
         value = getattr(args, flag)
@@ -125,6 +129,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from fedcore.config import ConfigError, redacted
+    from fedcore.log import configure_logging
+    from fedserver.store import StoreError
+
     try:
         config = config_from_args(args)
         from fedcore.config import check_aggregation_memory
@@ -139,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             evaluation_device(config)
     except (ConfigError, ValueError) as e:
         print(f"fedserver: configuration error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if args.print_config:
         print(json.dumps(redacted(config), indent=2))
         return 0
@@ -157,17 +165,14 @@ def main(argv: list[str] | None = None) -> int:
         status = asyncio.run(go())
     except ConfigError as e:
         print(f"fedserver: configuration error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     except StoreError as e:
         print(f"fedserver: state store: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     except OSError as e:
         print(f"fedserver: {e}", file=sys.stderr)
         return 1
     return exit_code(status)
-
-
-EXIT_STALLED, EXIT_STOPPED = 3, 4
 
 
 def exit_code(status: FederationStatus) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,7 +26,14 @@ from pathlib import Path
 import torch
 
 from fedcore import rounds as rm
-from fedcore.config import ConfigError, ServerConfig, check_aggregation_memory, secret_token
+from fedcore.config import (
+    ConfigError,
+    ServerConfig,
+    check_aggregation_memory,
+    check_data_config,
+    resolved_rounds,
+    secret_token,
+)
 from fedcore.log import get_logger
 from fedcore.models import build_model
 from fedcore.report import FederationStatus, RoundReport
@@ -35,7 +43,7 @@ from fedserver.clusters import SLOT as DISTFL_SLOT
 from fedserver.clusters import ClusterShell, UpdateBuffer
 from fedserver.clusters import check_model as check_distfl_model
 from fedserver.dispatch import Task, TaskDispatcher, WaitInfo
-from fedserver.errors import ProtocolError
+from fedserver.errors import EXIT_STALLED, ProtocolError
 from fedserver.finalize import RoundFinalizer
 from fedserver.global_models import GlobalModels
 from fedserver.intake import UpdateIntake, UpdateTicket
@@ -47,6 +55,8 @@ from fedserver.sessions import Sessions
 __all__ = ["Coordinator", "JoinResult", "ProtocolError", "Task", "UpdateTicket", "WaitInfo", "evaluation_device"]
 
 Subscriber = Callable[[RoundReport], None]
+# Seconds between two "round.waiting" lines while a round waits for clients.
+WAIT_LOG_S = 10.0
 
 
 def evaluation_device(config: ServerConfig) -> torch.device:
@@ -67,10 +77,13 @@ class Coordinator:
         self.config = config
         self.clock = clock
         self.log = get_logger("fedserver")
+        check_data_config(config)
         model = build_model(config.model.name, config.model.kwargs, seed=config.rounds.seed)
         self.models = GlobalModels.of(model)
         check_aggregation_memory(config, self.models.num_params)
         self.limits = rm.Limits(heartbeat_patience_s=config.server.heartbeat_patience_s)
+        # min_updates resolved against the aggregation rule: what the round machine runs
+        self.rounds = resolved_rounds(config)
         self.state = rm.RoundState(phase_since=clock())
         self.history: list[RoundReport] = []
         self.sessions = Sessions(secret_token(config.server.token, config.server.token_file))
@@ -97,6 +110,7 @@ class Coordinator:
         self._finished = asyncio.Event()
         self._told_finished: set[str] = set()
         self._polling: dict[str, int] = {}
+        self._waiting_logged = -math.inf
 
     @property
     def manifest(self) -> list[TensorMeta]:
@@ -139,7 +153,7 @@ class Coordinator:
     # ---- state machine plumbing ----
 
     def observe(self, obs: rm.Observation) -> None:
-        self.state, events = rm.step(self.state, obs, self.config.rounds, self.limits)
+        self.state, events = rm.step(self.state, obs, self.rounds, self.limits)
         for ev in events:
             self._on_event(ev)
         # Long-polls only care about a task becoming available or the federation ending; waking them for
@@ -308,7 +322,20 @@ class Coordinator:
             if not self.stopping:
                 # A client parked in a long-poll is connected, hence alive.
                 self.observe(rm.Tick(self.clock(), frozenset(self._polling)))
+                self._log_waiting()
         return self.status()
+
+    def _log_waiting(self) -> None:
+        """While a round waits for clients, say so every WAIT_LOG_S seconds: how many are ready of how many it
+        needs, and how long until the federation gives up (a silent wait looks like a hang)."""
+        s, now = self.state, self.clock()
+        if s.phase != rm.SAMPLING or now - s.phase_since < WAIT_LOG_S or now - self._waiting_logged < WAIT_LOG_S:
+            return
+        self._waiting_logged = now
+        ready, needed = len(s.available_ids()), rm.start_needs(s, self.rounds)
+        self.log.info("round.waiting", round=s.round, status=f"waiting: {ready} of {needed} ready", ready=ready,
+                      needed=needed, alive=len(s.alive_ids()),
+                      gives_up_in_s=round(max(0.0, s.phase_since + self.rounds.sampling_timeout_s - now)))
 
     def _reap_finalize(self) -> None:
         if self._agg_task is not None and self._agg_task.done():
@@ -337,6 +364,13 @@ class Coordinator:
         path = self.run_dir / "final_model.fgt"
         save_state(path, self.models.get(), {"rounds": rounds, "fingerprint": self.fingerprint,
                                              "model": self.config.model.name})
+        if outcome == "stalled":
+            s = self.state
+            self.log.error("federation.stalled", rounds=rounds, exit_code=EXIT_STALLED,
+                           reason=f"fewer than {self.rounds.effective_min_updates} clients ready within "
+                                  f"rounds.sampling_timeout_s = {self.rounds.sampling_timeout_s:g} s "
+                                  f"({len(s.available_ids())} ready, {len(s.alive_ids())} alive); the next start "
+                                  f"resumes from round {rounds + 1}")
         self.log.info("federation.finished", rounds=rounds, outcome=outcome, model_path=str(path))
         self._finished.set()
 

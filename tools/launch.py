@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from fedcore.config import toml_literal
-from fedcore.report import RoundReport
+from fedcore.report import RoundReport  # no torch: --help stays fast
 
-COLUMNS = ("round", "selected", "accepted", "rejected", "train_loss", "test_acc", "beta_hat", "beta", "beta_b",
-           "adapt", "nfl", "clusters", "seconds")
+COLUMNS = ("round", "selected", "accepted", "rejected", "late", "abandoned", "train_loss", "test_acc", "beta_hat",
+           "beta", "beta_b", "adapt", "nfl", "clusters", "seconds")
+_WIDTHS = (5, 8, 8, 8, 4, 9, 10, 8, 8, 7, 7, 5, 12, 8, 8)
 LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_epochs", "rounds", "k", "trainer",
                "device", "holdouts"}
 TRAINER_CHOICES = ("flguard", "lindt", "ditto", "apfl", "ft", "fb", "vanilla", "noop")
@@ -60,17 +60,19 @@ def _fmt(v: float, digits: int = 4) -> str:
 
 
 def format_header() -> str:
-    return "{:>5} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>7} {:>7} {:>5} {:>12} {:>8} {:>8}".format(*COLUMNS)
+    return " ".join(f"{c:>{w}}" for c, w in zip(COLUMNS, _WIDTHS, strict=True))
 
 
 def format_row(h: RoundReport) -> str:
-    """One round: beta_hat is the round's median of the clients' beta_hat_i, beta the mean V_i - P_i on their full
-    test splits, adapt the participants that ran their recovery, nfl the detector's state and count, clusters
+    """One round: late is the running total of uploads refused because their round had closed, abandoned the
+    attempts of this round given up for too few updates before the one that completed; beta_hat is the round's
+    median of the clients' beta_hat_i, beta the mean V_i - P_i on their full test splits, adapt the participants that ran their recovery, nfl the detector's state and count, clusters
     the number of DistFL clusters ("-" without DistFL or before the first clustering)."""
     nfl = h.nfl if h.nfl in ("off", "always") else f"{h.nfl}:{h.nfl_count}"
     if h.recovery and h.nfl == "watching":
         nfl += "+rec"  # long-term recovery carries on after a cancel
-    return (f"{h.round:>5} {h.selected:>8} {h.accepted:>8} {h.rejected:>8} {_fmt(h.mean_train_loss):>10} "
+    return (f"{h.round:>5} {h.selected:>8} {h.accepted:>8} {h.rejected:>8} {h.late_total:>4} {h.attempt:>9} "
+            f"{_fmt(h.mean_train_loss):>10} "
             f"{_fmt(h.mean_test_accuracy):>8} {_fmt(h.beta_hat, 3):>8} {_fmt(h.beta, 3):>7} "
             f"{_fmt(h.beta_benign, 3):>7} {h.adapting:>5} {nfl:>12} {len(h.clusters) or '-':>8} {h.seconds:>8.3f}")
 
@@ -162,6 +164,8 @@ class Launch:
 
 
 def start(args: argparse.Namespace, run_dir: Path) -> Launch:
+    from fedcore.config import toml_literal
+
     port = args.port or _free_port()
     address = f"127.0.0.1:{port}"
     root = str(Path(__file__).resolve().parent.parent)

@@ -5,11 +5,12 @@ from fedcore.data.base import (
     ClientData,
     DataError,
     available_datasets,
+    check_dataset,
     load_client_data,
     register_dataset,
     remote_options,
 )
 
-__all__ = ["ClientData", "DataError", "available_datasets", "load_client_data", "register_dataset",
+__all__ = ["ClientData", "DataError", "available_datasets", "check_dataset", "load_client_data", "register_dataset",
            "remote_options"]
 from fedcore.data import datasets as _datasets  # noqa: F401  (registers the real datasets)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,17 +42,48 @@ _REGISTRY: Registry[ShardLoader] = Registry("dataset", DataError)
 # Per dataset, the options a remote party (the server's announcement) may set: never a path, a download or a
 # file format; the client's own configuration sets those.
 _REMOTE_OPTIONS: dict[str, frozenset[str]] = {}
+OptionsCheck = Callable[[Mapping[str, Any]], "int | None"]
+_CHECKS: dict[str, OptionsCheck] = {}
 
 
-def register_dataset(name: str, remote_options: Collection[str] = ()) -> Callable[[ShardLoader], ShardLoader]:
-    """Register a shard loader; ``remote_options`` are the options a server may announce for it."""
+def register_dataset(name: str, remote_options: Collection[str] = (),
+                     check: OptionsCheck | None = None) -> Callable[[ShardLoader], ShardLoader]:
+    """Register a shard loader; ``remote_options`` are the options a server may announce for it.
+
+    ``check(options)`` validates options without loading data and returns the number of clients the data will
+    have when the options fix it (see :func:`check_dataset`); without one, the loader's keyword parameters are
+    its options and the number of clients is open.
+    """
 
     def deco(loader: ShardLoader) -> ShardLoader:
         _REGISTRY.add(name, loader)
         _REMOTE_OPTIONS[name] = frozenset(remote_options)
+        if check is not None:
+            _CHECKS[name] = check
         return loader
 
     return deco
+
+
+def check_dataset(dataset: str, options: Mapping[str, Any] | None = None) -> int | None:
+    """Check a dataset name and its options before any data is loaded (a server checks them before it listens).
+
+    Raises :class:`DataError` for an unknown dataset or an option it does not take; returns the number of client
+    shards the data will have when the options fix it, None when it is open (seeded synthetic clients) or known
+    only once the data is read (natural partitions).
+    """
+    loader = _REGISTRY.get(dataset)
+    opts = dict(options or {})
+    check = _CHECKS.get(dataset)
+    if check is not None:
+        return check(opts)
+    params = inspect.signature(loader).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        known = sorted(set(params) - {"client_index", "seed"})
+        unknown = sorted(set(opts) - set(known))
+        if unknown:
+            raise DataError(f"dataset {dataset!r}: unknown option {unknown[0]!r}; known: {', '.join(known)}")
+    return None
 
 
 def remote_options(dataset: str) -> frozenset[str]:

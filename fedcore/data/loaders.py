@@ -37,7 +37,15 @@ import numpy as np
 import torch
 
 from fedcore.data.base import ClientData, DataError, register_dataset
-from fedcore.data.partition import MIXED_GROUPS, SPLITS, Partition, is_natural, make_partition, split_indices
+from fedcore.data.partition import (
+    MIXED_GROUPS,
+    SPLITS,
+    Partition,
+    is_natural,
+    make_partition,
+    parse_partition,
+    split_indices,
+)
 from fedcore.data.paths import ENV_VAR
 
 _TAG_SUBSET = 0x5B5E7
@@ -163,7 +171,8 @@ def federated_dataset(name: str, dataset_options: Collection[str], default_parti
         unknown = set(remote_options) - set(dataset_options)
         if unknown:
             raise ValueError(f"dataset {name!r}: remote options {sorted(unknown)} are not dataset options")
-        register_dataset(name, frozenset(remote_options) | SHARD_OPTION_NAMES)(loader)
+        register_dataset(name, frozenset(remote_options) | SHARD_OPTION_NAMES,
+                         check=functools.partial(check_shard_options, name))(loader)
         _POOLS[name] = _Entry(builder, frozenset(dataset_options), default_partition)
         return builder
 
@@ -204,6 +213,19 @@ def split_options(name: str, options: Mapping[str, Any] | None) -> tuple[dict[st
         if isinstance(e, DataError):
             raise
         raise DataError(f"dataset {name!r}: bad options {shard}: {e}") from None
+
+
+def check_shard_options(name: str, options: Mapping[str, Any] | None) -> int | None:
+    """Check the options of pooled dataset ``name`` without loading any data (:class:`DataError` naming the
+    option); the number of clients the data will have when the options fix it (None: the data decides)."""
+    _, opts = split_options(name, options)
+    kind, arg = parse_partition(opts.partition)
+    if kind == "noniid" and not arg and opts.classes_per_client is None:
+        raise DataError(f"partition {opts.partition!r}: give the classes per client as noniid-<k> or "
+                        f"classes_per_client")
+    if kind in ("natural", "auto"):
+        return opts.num_clients
+    return 100 if opts.num_clients is None else opts.num_clients
 
 
 def resolve(name: str, seed: int, options: Mapping[str, Any] | None) -> tuple[Pool, ShardOptions]:

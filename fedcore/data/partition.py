@@ -356,40 +356,65 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int | None, seed:
 
     ``min_size`` defaults to 20 for non-IID (two batches of 10), 10 for Dirichlet and 1 for natural.
     """
-    key = name.lower().replace("_", "-")
+    kind, arg = parse_partition(name)
     n = 100 if num_clients is None else num_clients
-    if key == "iid":
+    if kind == "iid":
         return Partition(tuple(iid_partition(labels, n, seed)))
-    if key in ("noniid-mixed", "mixed", "non-iid-mixed"):
+    if kind == "noniid-mixed":
         y = _labels(labels)
         present = int((np.bincount(y) > 0).sum()) if y.size else 0
         ks = mixed_class_counts(n, seed, mixed_groups, num_classes=present)
         parts = noniid_partition(y, n, ks, seed, sigma=sigma, min_size=_or(min_size, 20), num_classes=num_classes)
         return Partition(tuple(parts), classes_per_client=ks)
-    m = re.fullmatch(r"non-?iid(?:-(\d+))?", key)
-    if m:
-        k = int(m.group(1)) if m.group(1) else classes_per_client
+    if kind == "noniid":
+        k = int(arg) if arg else classes_per_client
         if k is None:
             raise DataError(f"partition {name!r}: give the classes per client as noniid-<k> or classes_per_client")
         ks = np.full(n, k, dtype=np.int64)
         parts = noniid_partition(labels, n, k, seed, sigma=sigma, min_size=_or(min_size, 20),
                                  num_classes=num_classes)
         return Partition(tuple(parts), classes_per_client=ks)
-    m = re.fullmatch(r"dirichlet(?:-([0-9.eE+-]+))?", key)
-    if m:
-        a = float(m.group(1)) if m.group(1) else alpha
+    if kind == "dirichlet":
+        a = float(arg) if arg else alpha
         return Partition(tuple(dirichlet_partition(labels, n, a, seed, min_size=_or(min_size, 10),
                                                    num_classes=num_classes)))
-    if key in ("types", "distribution-types", "category-imbalance"):
+    if kind == "types":
         parts, types = distribution_types_partition(labels, n, num_types, seed, classes_per_type=classes_per_type,
                                                     samples_per_client=samples_per_client,
                                                     num_classes=num_classes)
         return Partition(tuple(parts), types=types)
+    if kind != "natural":  # "auto" is resolved against the pool before partitioning
+        raise DataError(f"partition {name!r}: resolve it against the dataset first")
+    if groups is None:
+        raise DataError(f"partition {name!r}: this dataset has no natural clients (no group ids)")
+    parts, ids = natural_partition(groups, seed, num_clients, min_size=_or(min_size, 1))
+    return Partition(tuple(parts), groups=ids)
+
+
+def parse_partition(name: str) -> tuple[str, str]:
+    """``(kind, argument)`` of a partition name: kind is ``iid``, ``noniid-mixed``, ``noniid`` (argument: the
+    classes per client, may be empty), ``dirichlet`` (argument: alpha, may be empty), ``types`` or ``natural``;
+    :class:`DataError` for a name no partition answers to (checked before any data is loaded)."""
+    key = name.lower().replace("_", "-")
+    if key in ("iid", "auto"):
+        return key, ""
+    if key in ("noniid-mixed", "mixed", "non-iid-mixed"):
+        return "noniid-mixed", ""
+    m = re.fullmatch(r"non-?iid(?:-(\d+))?", key)
+    if m:
+        return "noniid", m.group(1) or ""
+    m = re.fullmatch(r"dirichlet(?:-([0-9.eE+-]+))?", key)
+    if m:
+        try:
+            if m.group(1) and not float(m.group(1)) > 0:
+                raise ValueError
+        except ValueError:
+            raise DataError(f"partition {name!r}: the Dirichlet alpha must be a number > 0") from None
+        return "dirichlet", m.group(1) or ""
+    if key in ("types", "distribution-types", "category-imbalance"):
+        return "types", ""
     if is_natural(key):
-        if groups is None:
-            raise DataError(f"partition {name!r}: this dataset has no natural clients (no group ids)")
-        parts, ids = natural_partition(groups, seed, num_clients, min_size=_or(min_size, 1))
-        return Partition(tuple(parts), groups=ids)
+        return "natural", ""
     raise DataError(f"unknown partition {name!r}; known: {', '.join(PARTITIONS)}")
 
 

@@ -113,3 +113,63 @@ def test_the_recovery_method_and_its_options_are_checked_naming_the_field() -> N
         assert e.value.field.startswith(field), (override, e.value)
     with pytest.raises(ConfigError, match="trainer_options: options need a trainer"):
         ClientConfig(trainer_options={"l_fb": 1}).validate()
+
+
+# ---- checked before the server listens (issue 13) ----
+
+def _server(**rounds: object) -> ServerConfig:
+    return build_config(ServerConfig, None, [(["security", "insecure"], True),
+                                             *[(["rounds", k], v) for k, v in rounds.items()]])
+
+
+@pytest.mark.parametrize(("dataset", "options", "k", "field", "message"), [
+    ("nope", {}, 10, "data.dataset", "unknown dataset 'nope'; known: cifar10"),
+    ("mnist", {"colour": 1}, 10, "data.options", "unknown option 'colour'"),
+    ("mnist", {"partition": "bogus"}, 10, "data.options", "unknown partition 'bogus'"),
+    ("mnist", {"partition": "dirichlet--1"}, 10, "data.options", "alpha must be a number > 0"),
+    ("mnist", {"partition": "noniid"}, 10, "data.options", "give the classes per client"),
+    ("mnist", {"num_clients": 0}, 10, "data.options", "num_clients must be a positive integer"),
+    ("synthetic", {"colour": 1}, 10, "data.options", "unknown option 'colour'; known: alpha"),
+    ("mnist", {"num_clients": 5}, 10, "rounds.clients_per_round", "K = 10 is more than the 5 clients"),
+    ("cifar10", {}, 101, "rounds.clients_per_round", "cifar10 makes 100 clients unless data.options sets"),
+])
+def test_data_configuration_is_checked_without_loading_data(dataset: str, options: dict[str, object], k: int,
+                                                            field: str, message: str) -> None:
+    from fedcore.config import check_data_config
+
+    cfg = _server(clients_per_round=k)
+    cfg.data.dataset, cfg.data.options = dataset, options
+    with pytest.raises(ConfigError, match=message) as e:
+        check_data_config(cfg)
+    assert e.value.field == field
+
+
+def test_data_configurations_that_clients_can_load_pass() -> None:
+    from fedcore.config import check_data_config
+
+    for dataset, options, k in [("synthetic", {"alpha": 1.0}, 50), ("mnist", {"num_clients": 10}, 10),
+                                ("har", {"partition": "natural"}, 30), ("mnist", {"partition": "noniid-2"}, 100)]:
+        cfg = _server(clients_per_round=k)
+        cfg.data.dataset, cfg.data.options = dataset, options
+        check_data_config(cfg)  # natural: the number of volunteers is known only from the data
+
+
+def test_min_available_above_the_shards_is_refused() -> None:
+    from fedcore.config import check_data_config
+
+    cfg = _server(clients_per_round=5, min_available=20)
+    cfg.data.dataset, cfg.data.options = "mnist", {"num_clients": 10}
+    with pytest.raises(ConfigError, match=r"rounds\.min_available: 20 is more than the 10 clients"):
+        check_data_config(cfg)
+
+
+def test_default_min_updates_is_raised_to_what_the_rule_needs() -> None:
+    from fedcore.config import resolved_rounds
+
+    cfg = _server(clients_per_round=10)
+    assert resolved_rounds(cfg).min_updates == 5
+    cfg = build_config(ServerConfig, None, [(["security", "insecure"], True), (["rounds", "clients_per_round"], 10),
+                                            (["aggregation", "rule"], "krum"), (["aggregation", "krum_f"], 3)])
+    assert resolved_rounds(cfg).min_updates == 9  # Krum with f = 3 needs 2f + 3 updates
+    cfg = _server(clients_per_round=10, min_updates=7)
+    assert resolved_rounds(cfg).min_updates == 7

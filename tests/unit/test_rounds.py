@@ -162,7 +162,7 @@ def test_same_observations_give_same_events(seed: int) -> None:
 
 
 def test_failed_aggregation_reruns_the_round() -> None:
-    cfg = RoundsConfig(num_rounds=2, clients_per_round=2)
+    cfg = RoundsConfig(num_rounds=2, clients_per_round=2, min_updates=2)
     s = _machine(2, cfg)
     s, _ = rm.step(s, rm.UpdateAccepted("c0", 1, 1.0), cfg, LIMITS)
     s, _ = rm.step(s, rm.UpdateAccepted("c1", 1, 1.0), cfg, LIMITS)
@@ -241,3 +241,76 @@ def test_resume_ignores_a_progress_record_of_another_round() -> None:
     s = rm.RoundState(round=4, attempt=2, phase=rm.TRAINING)
     r = rm.resume(s, completed_rounds=1, config=cfg, now=0.0)
     assert (r.round, r.attempt, r.phase) == (2, 0, rm.SAMPLING)
+
+
+# ---- defaults that survive lost devices (issue 13) ----
+
+def test_default_min_updates_is_half_of_k_rounded_up() -> None:
+    assert RoundsConfig(clients_per_round=10).effective_min_updates == 5
+    assert RoundsConfig(clients_per_round=3).effective_min_updates == 2
+    assert RoundsConfig(clients_per_round=1).effective_min_updates == 1
+    assert RoundsConfig(clients_per_round=10, min_updates=10).effective_min_updates == 10
+
+
+def test_a_lost_client_closes_the_round_and_is_not_waited_for_afterwards() -> None:
+    cfg = RoundsConfig(num_rounds=3, clients_per_round=3, round_timeout_s=100.0)
+    s = _machine(3, cfg)
+    assert s.assembled and s.phase == rm.TRAINING
+    lost = s.selected[2]
+    for i, c in enumerate(s.selected[:2]):
+        s, _ = rm.step(s, rm.UpdateAccepted(c, 1, 10.0 + i), cfg, LIMITS)
+        s, _ = rm.step(s, rm.Polled(c, 11.0 + i), cfg, LIMITS)
+    assert s.phase == rm.TRAINING  # the lost client is still within its heartbeat patience
+    s, ev = rm.step(s, rm.Tick(31.0), cfg, LIMITS)  # silent for 31 s > 30 s: dropped
+    assert rm.ClientDropped(lost, 31.0) in ev
+    assert rm.RoundClosed(1, tuple(s.accepted), "all_responded") in ev
+    s, ev = rm.step(s, rm.Aggregated(1, 32.0), cfg, LIMITS)
+    # the next round starts at once with the two live clients instead of waiting for K = 3 (or stalling)
+    assert rm.start_needs(s, cfg) == 2
+    assert ev == [rm.RoundStarted(2, 0, tuple(sorted(c for c in ["c0", "c1", "c2"] if c != lost)), 132.0)]
+
+
+def test_the_first_round_waits_for_the_whole_fleet_to_assemble() -> None:
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=3)
+    s = _machine(2, cfg)  # two of three ready: min_updates (2) is there, but the fleet has not assembled
+    assert s.phase == rm.SAMPLING and not s.assembled and rm.start_needs(s, cfg) == 3
+    s, _ = rm.step(s, rm.Tick(5.0), cfg, LIMITS)
+    assert s.phase == rm.SAMPLING
+
+
+def test_a_live_client_still_preparing_is_waited_for() -> None:
+    cfg = RoundsConfig(num_rounds=2, clients_per_round=2)
+    s = _machine(2, cfg)
+    for c in s.selected:
+        s, _ = rm.step(s, rm.UpdateAccepted(c, 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step(s, rm.Seen("c0", 20.0), cfg, LIMITS)
+    s, ev = rm.step(s, rm.Tick(31.5), cfg, LIMITS)  # c1 lost while the round aggregates
+    assert rm.ClientDropped("c1", 30.5) in ev
+    s, _ = rm.step(s, rm.Joined("c9", 32.0), cfg, LIMITS)  # a new client: alive, still preparing
+    s, ev = rm.step(s, rm.Aggregated(1, 33.0), cfg, LIMITS)
+    assert s.phase == rm.SAMPLING and ev == [] and rm.start_needs(s, cfg) == 2
+    s, ev = rm.step(s, rm.Polled("c9", 40.0), cfg, LIMITS)
+    assert isinstance(ev[0], rm.RoundStarted) and ev[0].selected == ("c0", "c9")
+
+
+def test_resume_waits_for_the_fleet_again() -> None:
+    cfg = RoundsConfig(num_rounds=3, clients_per_round=2)
+    s = _machine(2, cfg)
+    assert s.assembled
+    s = rm.resume(rm.RoundState.from_dict(s.to_dict()), completed_rounds=0, config=cfg, now=50.0)
+    assert not s.assembled and rm.start_needs(s, cfg) == 2
+
+
+def test_late_uploads_are_counted_apart_from_other_refusals() -> None:
+    cfg = RoundsConfig(num_rounds=2, clients_per_round=1, over_select=2.0, min_available=2)
+    s = _machine(2, cfg)
+    first, late = s.selected
+    s, _ = rm.step(s, rm.UpdateAccepted(first, 1, 1.0), cfg, LIMITS)
+    assert s.phase == rm.AGGREGATING
+    s, _ = rm.step(s, rm.UpdateRejected(late, 1, "round 1 is closed", 2.0), cfg, LIMITS)
+    s, _ = rm.step(s, rm.Aggregated(1, 3.0), cfg, LIMITS)
+    s, _ = rm.step(s, rm.UpdateRejected(late, 1, "update for round 1, but the current round is 2", 4.0), cfg, LIMITS)
+    chosen = s.selected[0]
+    s, _ = rm.step(s, rm.UpdateRejected(chosen, 2, "bad tensor", 5.0), cfg, LIMITS)  # on time: not late
+    assert s.late_total == 2 and s.rejected_total == 3
+    assert rm.RoundState.from_dict(s.to_dict()).late_total == 2
