@@ -66,8 +66,9 @@ def format_header() -> str:
 def format_row(h: RoundReport) -> str:
     """One round: late is the running total of uploads refused because their round had closed, abandoned the
     attempts of this round given up for too few updates before the one that completed; beta_hat is the round's
-    median of the clients' beta_hat_i, beta the mean V_i - P_i on their full test splits, adapt the participants that ran their recovery, nfl the detector's state and count, clusters
-    the number of DistFL clusters ("-" without DistFL or before the first clustering)."""
+    median of the clients' beta_hat_i, beta the mean V_i - P_i on their full test splits, adapt the participants
+    that ran their recovery, nfl the detector's state and count, clusters the number of DistFL clusters ("-"
+    without DistFL or before the first clustering)."""
     nfl = h.nfl if h.nfl in ("off", "always") else f"{h.nfl}:{h.nfl_count}"
     if h.recovery and h.nfl == "watching":
         nfl += "+rec"  # long-term recovery carries on after a cancel
