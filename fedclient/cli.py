@@ -35,14 +35,25 @@ _FLAGS = {
     "data_index": (int, "shard index of the server's dataset (simulation)"),
     "trainer": (str, "this client's own trainer (default: the method the server announces, [recovery] method): "
                      "flguard, ditto, apfl, ft, fb, vanilla, or noop (return the model at once; benchmarks)"),
-    "straggler_delay": (float, "simulated extra seconds before each upload"),
+    "straggler": (str, "simulation: straggler delay 'fixed' (default) or 'lognormal'"),
+    "straggler_delay": (float, "simulation: extra seconds before each upload (lognormal: the median)"),
+    "straggler_sigma": (float, "simulation: log-space standard deviation of a lognormal straggler delay"),
+    "dropout": (float, "simulation: per-round probability of taking the task and never answering"),
+    "dropout_return": (float, "simulation: seconds of silence after a dropout before coming back (< 0: never)"),
+    "crash": (float, "simulation: per-round probability of crashing after training (update and session lost)"),
+    "crash_rejoin": (float, "simulation: seconds after a crash before re-joining"),
+    "sim_seed": (int, "simulation: seed mixed into every draw"),
     "long_poll": (float, "longest server-side wait of one poll, seconds"),
     "give_up_after": (float, "stop after this many seconds without the server (0 = never)"),
     "torch_threads": (int, "torch intra-op threads (0 = torch default)"),
     "private_epochs": (int, "train a private model this many epochs first and report its accuracy P_i"),
     "device": (str, "where to train: cpu (default), cuda, cuda:N, or auto (a GPU when torch sees one)"),
 }
-_PATHS = {"straggler_delay": "straggler_delay_s", "long_poll": "long_poll_s", "give_up_after": "give_up_after_s"}
+_PATHS = {"straggler": "simulation.straggler", "straggler_delay": "simulation.straggler_delay_s",
+          "straggler_sigma": "simulation.straggler_sigma", "dropout": "simulation.dropout",
+          "dropout_return": "simulation.dropout_return_s", "crash": "simulation.crash",
+          "crash_rejoin": "simulation.crash_rejoin_s", "sim_seed": "simulation.seed", "long_poll": "long_poll_s",
+          "give_up_after": "give_up_after_s"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="simulation only: play a data-poisoning attacker (options: --set attack.KEY=VALUE)")
     ap.add_argument("--opt-out", action="store_true", default=None,
                     help="a vanilla holdout: never adapt, infer with the received model, still report beta_hat_i")
+    ap.add_argument("--availability", metavar="JSON",
+                    help="simulation: online windows [[start_s, end_s], ...] in seconds since the client started")
     ap.add_argument("--data-options", help="JSON object: this client's own dataset options (data_dir, path, source, "
                                             "cache_dir, download), which a server can never set")
     ap.add_argument("--insecure", action="store_true", default=None,
@@ -75,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag in _FLAGS:
         value = getattr(args, flag)
         if value is not None:
-            overrides.append(([_PATHS.get(flag, flag)], value))
+            overrides.append((_PATHS.get(flag, flag).split("."), value))
     if args.attack is not None:
         overrides.append((["attack", "kind"], args.attack))
     if args.opt_out is not None:
@@ -90,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append((["data_options"], json.loads(args.data_options)))
         except json.JSONDecodeError as e:
             print(f"fedclient: configuration error: data_options: --data-options is not valid JSON: {e}",
+                  file=sys.stderr)
+            return 2
+    if args.availability is not None:
+        try:
+            overrides.append((["simulation", "availability"], json.loads(args.availability)))
+        except json.JSONDecodeError as e:
+            print(f"fedclient: configuration error: simulation.availability: --availability is not valid JSON: {e}",
                   file=sys.stderr)
             return 2
     if args.log_json is not None:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from fedclient.local_round import LocalRound, LocalRoundError
+from fedclient.simulation import DeviceGone, DeviceSimulation
 from fedclient.transport import Transport
 from fedcore.attacks import AttackError, backdoor_batches, poison_client_data
 from fedcore.config import ClientConfig, ConfigError, FederationInfo
@@ -44,6 +45,7 @@ from fedcore.serialization import (
     manifest_of,
     pack,
 )
+from fedcore.simulation import CRASH, DROP
 from fedcore.train import resolve_device
 from fedcore.trust import (
     TrustError,
@@ -149,6 +151,8 @@ class FedClient:
         self._error: BaseException | None = None
         # One round on the device: beta_hat_i, individual NFL measures, the trainer seam (no gRPC).
         self.local = LocalRound(self.config, self.client_id, self.log)
+        # Simulated device behaviour (stragglers, dropouts, crashes, availability); inert by default.
+        self.sim = DeviceSimulation(self.config.simulation, self.client_id, self.log)
 
     # ---- identity ----
 
@@ -180,11 +184,15 @@ class FedClient:
         except ConfigError as e:
             raise FedClientError(str(e)) from None
         threading.Thread(target=self._heartbeats, name=f"heartbeat-{self.client_id}", daemon=True).start()
+        self.sim.start()
         try:
+            self.sim.wait_online(self._sleep)
             self._join_with_retry()
             self._loop()
         except _Stopped:
             self.log.info("client.stopped", client_id=self.client_id)
+        except DeviceGone:
+            self._session = ""  # a vanished device says nothing: no leave
         finally:
             self._leave()
             if self._transport is not None:
@@ -400,6 +408,7 @@ class FedClient:
     def _loop(self) -> None:
         while True:
             self._check_stop()
+            self.sim.wait_online(self._sleep)
             try:
                 task = self._retrying("pull", self._pull)
             except _SessionLost:
@@ -450,6 +459,10 @@ class FedClient:
     def _work(self, header: pb.TaskHeader, state: dict[str, torch.Tensor]) -> None:
         assert self.model is not None and self.data is not None and self._fed is not None
         round_ = int(header.round)
+        fate = self.sim.fate(round_)
+        if fate.outcome == DROP:
+            self._drop_out(round_)
+            return
         self.model.load_state_dict(state)
         started = time.monotonic()
         self._busy.set()
@@ -459,15 +472,41 @@ class FedClient:
                                      bool(header.recovery), header.learning_rate or None, self.private_accuracy)
             except LocalRoundError as e:
                 raise FedClientError(str(e)) from None
-            if self.config.straggler_delay_s:
-                self._sleep(self.config.straggler_delay_s)
+            if fate.outcome == CRASH:
+                self._crash(round_)
+                return
+            if fate.delay_s:
+                self._sleep(fate.delay_s)
         finally:
             self._busy.clear()
+        if not self.sim.online():
+            self.log.info("simulation.window_closed", client_id=self.client_id, round=round_,
+                          reason="the online window ended before the update was sent: never sent")
+            return
         metrics = {**out.metrics, "train_seconds": time.monotonic() - started}
         self.summary.rounds_trained += 1
         self.summary.last_round = round_
         self.summary.history.append({"round": float(round_), **metrics, "train_loss": out.train_loss})
         self._push(round_, out.train_loss, out.beta_hat, metrics)
+
+    def _drop_out(self, round_: int) -> None:
+        """Simulated dropout: keep the task, never answer, stay silent, then come back (or vanish)."""
+        back = self.config.simulation.dropout_return_s
+        self.log.info("simulation.dropout", client_id=self.client_id, round=round_,
+                      back_in_s=back if back >= 0 else None)
+        if back < 0:
+            raise DeviceGone
+        self._sleep(back)
+
+    def _crash(self, round_: int) -> None:
+        """Simulated crash after training: the update and the session are lost; re-join after a pause, as a
+        restarted process would (the state dir is kept)."""
+        rejoin = self.config.simulation.crash_rejoin_s
+        self.log.info("simulation.crash", client_id=self.client_id, round=round_, rejoin_in_s=rejoin)
+        self._session = ""
+        self._busy.clear()
+        self._sleep(rejoin)
+        self._join_with_retry()
 
     def _heartbeats(self) -> None:
         """While the client trains, tell the server every heartbeat interval that it is alive.

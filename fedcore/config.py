@@ -23,6 +23,7 @@ from fedcore.aggregation import AggregationConfig, check_memory
 from fedcore.attacks import AttackConfig
 from fedcore.distfl.config import DistflConfig
 from fedcore.nfl.config import NflConfig
+from fedcore.simulation import SimulationConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -265,8 +266,8 @@ class ClientConfig:
     trainer_options: dict[str, Any] = field(default_factory=dict)
     # A vanilla holdout (FL-GUARD §4.4): never adapts, infers with the received model, still reports beta_hat_i.
     opt_out: bool = False
-    # Simulation: seconds of extra delay before pushing each update.
-    straggler_delay_s: float = 0.0
+    # Simulation only: stragglers, dropouts, crashes, availability windows (fedcore.simulation).
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
     # The client's own data: a registered dataset name (then the server's dataset and options are not used) ...
     dataset: str = ""
     # ... and the client's own dataset options: paths, data_dir, source, cache_dir, download. Without ``dataset``
@@ -474,7 +475,7 @@ def validate_client_config(c: ClientConfig) -> None:
         from fedcore.data import available_datasets
         _check(c.dataset in available_datasets(), "dataset",
                f"unknown dataset {c.dataset!r}; known: {', '.join(available_datasets())}")
-    _check(c.straggler_delay_s >= 0, "straggler_delay_s", f"must be >= 0, got {c.straggler_delay_s}")
+    c.simulation.validate("simulation")
     _check(c.torch_threads >= 0, "torch_threads", f"must be >= 0, got {c.torch_threads}")
     _check(c.private_epochs >= 0, "private_epochs", f"must be >= 0, got {c.private_epochs}")
     _check_device(c.device, "device")

@@ -97,6 +97,43 @@ def holdout_indices(num_clients: int, fraction: float, seed: int, attackers: lis
     return sorted(int(benign[i]) for i in rng.choice(len(benign), size=n, replace=False))
 
 
+def simulation_plan(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each client's ``[simulation]`` fields from the launcher's flags (only those that differ from the defaults):
+    a seeded ``--stragglers`` fraction straggles, every client drops out and crashes with the given per-round
+    probabilities, and an ``--availability`` trace gives each client its windows. :class:`ValueError` for a
+    malformed value (checked here, before anything starts)."""
+    import numpy as np
+
+    from fedcore.config import ConfigError, from_dict
+    from fedcore.simulation import SimulationConfig, load_trace, trace_windows
+
+    if not 0 <= args.stragglers <= 1:
+        raise ValueError(f"--stragglers must be a fraction in [0, 1], got {args.stragglers}")
+    n = args.clients
+    order = np.random.default_rng([args.seed or 0, 0x57A6]).permutation(n)
+    stragglers = set(order[: round(args.stragglers * n)].tolist())
+    trace = load_trace(args.availability) if args.availability else {}
+    plan: dict[str, dict[str, Any]] = {}
+    for i in range(n):
+        sim: dict[str, Any] = {"seed": args.seed or 0}
+        if args.straggler_delay and i in stragglers:
+            sim.update(straggler=args.straggler, straggler_delay_s=args.straggler_delay,
+                       straggler_sigma=args.straggler_sigma)
+        if args.dropout:
+            sim.update(dropout=args.dropout, dropout_return_s=args.dropout_return)
+        if args.crash:
+            sim.update(crash=args.crash, crash_rejoin_s=args.crash_rejoin)
+        windows = trace_windows(trace, client_id(i))
+        if windows:
+            sim["availability"] = windows
+        try:
+            from_dict(SimulationConfig, sim, "simulation").validate("simulation")
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        plan[client_id(i)] = sim
+    return plan
+
+
 def split_experiment(path: str, run_dir: Path) -> tuple[dict[str, Any], Path]:
     """Read an experiment file; return its ``[launch]`` table and the path of the server part (as JSON)."""
     from fedcore.config import load_toml
@@ -213,21 +250,23 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
             mine = [i for i in args.attacker_ids if first <= i < first + count]
             held = [i for i in args.holdout_ids if first <= i < first + count]
             cmd = [py, "-m", "tools.launch", "worker", "--server", address, "--first", str(first), "--count",
-                   str(count), "--trainer", args.trainer, "--straggler-delay", str(args.straggler_delay),
+                   str(count), "--trainer", args.trainer, "--simulation", str(args.simulation_file),
                    "--private-epochs", str(args.private_epochs), "--attackers", ",".join(map(str, mine)),
                    "--holdouts", ",".join(map(str, held)), "--attack-json", json.dumps(args.attack),
                    "--device", args.device]
             cmd += ["--tls-dir", str(args.tls_dir)] if args.tls_dir is not None else ["--insecure"]
         else:
             cmd = [py, "-m", "fedclient", "--server", address, "--client-id", client_id(first),
-                   "--data-index", str(first), "--trainer", args.trainer, "--straggler-delay",
-                   str(args.straggler_delay), "--torch-threads", "1", "--log-json", "--log-level", "warning",
+                   "--data-index", str(first), "--trainer", args.trainer, "--torch-threads", "1", "--log-json",
+                   "--log-level", "warning",
                    "--private-epochs", str(args.private_epochs), "--device", args.device,
                    *client_tls_flags(args.tls_dir, client_id(first))]
             if first in args.attacker_ids:
                 cmd += [item for k, v in args.attack.items() for item in ("--set", f"attack.{k}={toml_literal(v)}")]
             if first in args.holdout_ids:
                 cmd.append("--opt-out")
+            sim = args.simulation.get(client_id(first), {})
+            cmd += [item for k, v in sim.items() for item in ("--set", f"simulation.{k}={toml_literal(v)}")]
         clients.append(subprocess.Popen(cmd, stdout=clog, stderr=subprocess.STDOUT, env=env))
     return Launch(server, clients, address, logs)
 
@@ -319,15 +358,19 @@ def run_worker(args: argparse.Namespace) -> int:
     from fedcore.attacks import AttackConfig
     from fedcore.config import from_dict
     from fedcore.log import configure_logging
+    from fedcore.simulation import SimulationConfig
 
     torch.set_num_threads(1)
     configure_logging(json=True, level="warning")
     attackers = {int(i) for i in args.attackers.split(",") if i}
     holdouts = {int(i) for i in args.holdouts.split(",") if i}
     attack = from_dict(AttackConfig, json.loads(args.attack_json), "attack")
+    simulation = json.loads(Path(args.simulation).read_text()) if args.simulation else {}
     tls_dir = Path(args.tls_dir) if args.tls_dir else None
     clients = [FedClient(ClientConfig(server=args.server, client_id=client_id(i), data_index=i,
-                                      trainer=args.trainer, straggler_delay_s=args.straggler_delay,
+                                      trainer=args.trainer,
+                                      simulation=from_dict(SimulationConfig, simulation.get(client_id(i), {}),
+                                                           "simulation"),
                                       opt_out=i in holdouts,
                                       private_epochs=args.private_epochs, device=args.device,
                                       backoff_max_s=args.backoff_max,
@@ -377,7 +420,23 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attack", help="attack kind: label_flip or backdoor (options via the experiment file)")
     ap.add_argument("--private-epochs", type=int,
                     help="clients train a private model this long first, so beta = V_i - P_i is reported")
-    ap.add_argument("--straggler-delay", type=float, default=0.0)
+    sim = ap.add_argument_group("device simulation (seeded by --seed; fedcore.simulation)")
+    sim.add_argument("--straggler", choices=["fixed", "lognormal"], default="fixed",
+                     help="straggler delay: fixed, or lognormal with median --straggler-delay")
+    sim.add_argument("--straggler-delay", type=float, default=0.0, help="seconds before each upload (default 0)")
+    sim.add_argument("--straggler-sigma", type=float, default=1.0, help="log-space standard deviation (lognormal)")
+    sim.add_argument("--stragglers", type=float, default=1.0,
+                     help="fraction of the clients (seeded) that straggle (default: all, when a delay is set)")
+    sim.add_argument("--dropout", type=float, default=0.0,
+                     help="per-round probability that a client takes its task and never answers")
+    sim.add_argument("--dropout-return", type=float, default=30.0,
+                     help="seconds of silence after a dropout before the client comes back (< 0: never)")
+    sim.add_argument("--crash", type=float, default=0.0,
+                     help="per-round probability that a client crashes after training and re-joins")
+    sim.add_argument("--crash-rejoin", type=float, default=5.0, help="seconds from a crash to the re-join")
+    sim.add_argument("--availability", metavar="TRACE.json",
+                     help="availability trace: JSON object of client id (or \"*\") -> online windows "
+                          "[[start_s, end_s], ...] in seconds since the clients started")
     ap.add_argument("--device", help="where clients train: cpu (default), cuda, cuda:N or auto")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--run-dir", default="runs/launch")
@@ -410,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         wp.add_argument("--first", type=int, required=True)
         wp.add_argument("--count", type=int, required=True)
         wp.add_argument("--trainer", default="", help="empty: the server's [recovery] method")
-        wp.add_argument("--straggler-delay", type=float, default=0.0)
+        wp.add_argument("--simulation", default="", help="JSON file: client id -> [simulation] fields")
         wp.add_argument("--private-epochs", type=int, default=0)
         wp.add_argument("--attackers", default="", help="comma-separated client indices")
         wp.add_argument("--holdouts", default="", help="comma-separated client indices that opt out")
@@ -447,6 +506,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.min_available is None and not _configures_min_available(args):
         args.min_available = args.clients
+    try:
+        args.simulation = simulation_plan(args)
+    except ValueError as e:
+        print(f"launch: {e}", file=sys.stderr)
+        return 2
+    args.simulation_file = run_dir / "simulation.json"
+    args.simulation_file.write_text(json.dumps(args.simulation))
     args.attacker_ids = attacker_indices(args.clients, args.attackers, args.seed or 0)
     args.holdout_ids = holdout_indices(args.clients, args.holdouts, args.seed or 0, args.attacker_ids)
     t0 = time.monotonic()

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fedclient import ClientConfig, FedClient, FedClientError
 from fedcore.models import build_model
 from fedcore.serialization import load_state
+from fedcore.simulation import SimulationConfig
 from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import ServerThread
 from tests.integration.helpers import run_federation, server_config, stub
@@ -177,7 +178,7 @@ def test_heartbeats_keep_a_slow_client_alive_past_the_patience(tmp_path: Path) -
     cfg = server_config(tmp_path, server={"heartbeat_interval_s": 0.2, "heartbeat_patience_s": 0.6},
                         rounds={"num_rounds": 2, "clients_per_round": 1, "round_timeout_s": 10.0})
     srv = ServerThread(cfg, linger_s=0.5).start()
-    client = _client(srv.address, 0, straggler_delay_s=1.5).start()
+    client = _client(srv.address, 0, simulation=SimulationConfig(straggler_delay_s=1.5)).start()
     status = srv.wait(60)
     client.join(10)
     assert status is not None and status.outcome == "completed"

@@ -54,6 +54,7 @@ from fedcore import rounds as rm
 from fedcore.config import ServerConfig, build_config
 from fedcore.identity import valid_client_id
 from fedcore.serialization import Reassembler, pack
+from fedcore.simulation import SimulationConfig
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
@@ -306,7 +307,8 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzz]:
     honest: list[FedClient] = []
     try:
         honest = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
-                                         long_poll_s=2.0, token=TOKEN, straggler_delay_s=STRAGGLER_S)).start()
+                                         long_poll_s=2.0, token=TOKEN,
+                                         simulation=SimulationConfig(straggler_delay_s=STRAGGLER_S))).start()
                   for i in range(K)]
         coord = srv.coordinator
         assert coord is not None

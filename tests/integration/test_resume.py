@@ -14,6 +14,7 @@ import torch
 from fedclient import ClientConfig, FedClient
 from fedcore.config import ConfigError, ServerConfig
 from fedcore.serialization import load_state
+from fedcore.simulation import SimulationConfig
 from fedserver import ServerThread
 from fedserver.cli import EXIT_STOPPED, exit_code
 from tests.integration.helpers import run_federation, server_config
@@ -42,7 +43,7 @@ def _clients(address: str, delays: list[float] | None = None) -> list[FedClient]
     return [FedClient(ClientConfig(insecure=True,
                                    server=address, client_id=f"client-{i}", data_index=i, long_poll_s=1.0,
                                    backoff_initial_s=0.05, backoff_max_s=0.3, give_up_after_s=60,
-                                   straggler_delay_s=(delays or [0.0] * N)[i])).start()
+                                   simulation=SimulationConfig(straggler_delay_s=(delays or [0.0] * N)[i]))).start()
             for i in range(N)]
 
 

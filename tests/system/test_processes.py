@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def test_launcher_virtual_mode_prints_one_row_per_round(tmp_path: Path) -> None:
     rows = [line.split() for line in lines[header + 1 : header + 4]]
     assert [row[0] for row in rows] == ["1", "2", "3"]
     # Without private models no client reports beta_hat_i: the detector watches and counts nothing.
-    assert all(row[1] == "3" and row[2] == "3" and row[3] == "0" and row[10] == "watching:0" for row in rows)
+    assert all(row[1] == "3" and row[2] == "3" and row[3] == "0" and row[12] == "watching:0" for row in rows)
     assert any(line.startswith("last 3 rounds: test_acc") for line in lines)
     assert "client processes ok 2/2" in r.stdout
     assert (tmp_path / "run" / "final_model.fgt").exists()
@@ -175,3 +176,72 @@ def test_certificates_from_the_cli_then_mutual_tls_and_signed_requests_between_p
     assert secret not in server_out and not any(secret in out for out in client_outs)
     for path in run_dir.rglob("*"):
         assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+
+
+def _events_of(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_one_client_killed_mid_round_with_the_default_round_rules_the_run_completes(tmp_path: Path) -> None:
+    """Defaults of [rounds] (min_updates = ceil(K/2), lost clients not waited for); only the heartbeat patience is
+    shortened so that the test does not wait 30 s for the loss to be noticed."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [*_exe("fedserver"), "--address", f"127.0.0.1:{port}", "--rounds", "4", "-k", "3", "--run-dir",
+         str(tmp_path / "run"), "--log-json", "--linger", "1", "--insecure", "--set", "server.heartbeat_patience_s=3",
+         "--set", "server.heartbeat_interval_s=0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    clients = [subprocess.Popen(
+        [*_exe("fedclient"), "--server", f"127.0.0.1:{port}", "--client-id", f"proc-{i}", "--data-index", str(i),
+         "--torch-threads", "1", "--log-json", "--insecure", "--straggler-delay", "1.0" if i == 2 else "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env()) for i in range(3)]
+    victim = clients[2]
+    try:
+        # Kill proc-2 while it holds its round-2 task (it straggles 1 s per round, so it is mid-round then).
+        run_dir = tmp_path / "run"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            rows = (run_dir / "rounds.jsonl").read_text().splitlines() if (run_dir / "rounds.jsonl").exists() else []
+            if len(rows) >= 1:
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        victim.kill()
+        out, _ = server.communicate(timeout=120)
+    finally:
+        for p in (server, *clients):
+            if p.poll() is None:
+                p.kill()
+        for c in clients:
+            c.communicate(timeout=30)
+    assert server.returncode == 0, out
+    events = _events_of(out)
+    completed = [e for e in events if e["event"] == "round.completed"]
+    assert len(completed) == 4 and completed[0]["accepted"] == 3
+    assert all(e["accepted"] == 2 for e in completed[1:])  # the killed client is not waited for
+    assert any(e["event"] == "client.dropped" and e["client_id"] == "proc-2" for e in events)
+
+
+def test_a_stall_waits_visibly_then_exits_3_with_an_error(tmp_path: Path) -> None:
+    port = _free_port()
+    server = subprocess.Popen(
+        [*_exe("fedserver"), "--address", f"127.0.0.1:{port}", "--rounds", "2", "-k", "3", "--run-dir",
+         str(tmp_path / "run"), "--log-json", "--linger", "1", "--insecure", "--set", "rounds.sampling_timeout_s=12"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    client = subprocess.Popen(
+        [*_exe("fedclient"), "--server", f"127.0.0.1:{port}", "--client-id", "lonely", "--torch-threads", "1",
+         "--log-json", "--insecure"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    try:
+        out, _ = server.communicate(timeout=90)
+    finally:
+        for p in (server, client):
+            if p.poll() is None:
+                p.kill()
+        client.communicate(timeout=30)
+    assert server.returncode == 3, out
+    events = _events_of(out)
+    waiting = [e for e in events if e["event"] == "round.waiting"]
+    assert waiting and waiting[0]["status"] == "waiting: 1 of 3 ready" and waiting[0]["level"] == "info"
+    stalled = next(e for e in events if e["event"] == "federation.stalled")
+    assert stalled["level"] == "error" and stalled["exit_code"] == 3
+    assert "rounds.sampling_timeout_s = 12 s" in stalled["reason"]
