@@ -49,7 +49,7 @@ def test_thirty_percent_dropout_and_lognormal_stragglers_complete_every_round_wi
     sims: list[dict[str, object]] = [{"dropout": 0.3, "dropout_return_s": 1.5, "straggler": "lognormal",
                                       "straggler_delay_s": 0.2, "straggler_sigma": 1.0, "seed": 3}] * 10
     started = time.monotonic()
-    status, clients = _run(cfg, sims, timeout=150)
+    status, _ = _run(cfg, sims, timeout=150)
     assert status is not None and status.outcome == "completed"  # type: ignore[attr-defined]
     history = status.history  # type: ignore[attr-defined]
     assert len(history) == 6 and all(h.accepted >= 5 for h in history)
