@@ -240,6 +240,10 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
     """
     s = state
     events: list[Event] = []
+    # A contact from a client that was already alive (and, for a poll, already ready) changes nothing a waiting
+    # round could start on; time-driven transitions come with Tick. Skipping the check keeps a contact O(1) in
+    # the size of the fleet (a thousand parked clients would otherwise be counted on every poll).
+    quiet = False
     if isinstance(obs, Joined):
         rec = s.clients.get(obs.client_id)
         if rec is None:
@@ -250,6 +254,7 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
     elif isinstance(obs, Seen | Polled):
         rec = s.clients.get(obs.client_id)
         if rec is not None:
+            quiet = rec.alive and (rec.ready or not isinstance(obs, Polled))
             rec.last_seen, rec.alive = obs.now, True
             rec.ready = rec.ready or isinstance(obs, Polled)
     elif isinstance(obs, Left):
@@ -276,7 +281,7 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
         _to_sampling(s, obs.now)
     if isinstance(obs, Tick):
         _advance(s, obs.now, config, limits, events, check_liveness=True, connected=obs.connected)
-    else:
+    elif not (quiet and s.phase == SAMPLING):
         _advance(s, obs.now, config, limits, events)
     return s, events
 
@@ -310,14 +315,14 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
                 rec.alive = False
                 events.append(ClientDropped(cid, now - rec.last_seen))
     if s.phase == SAMPLING:
-        alive = s.available_ids()
-        if len(alive) >= config.effective_min_available:
+        available = sum(1 for c in s.clients.values() if c.alive and c.ready)
+        if available >= config.effective_min_available:
             s.assembled = True
-        if len(alive) >= start_needs(s, config):
-            _start_round(s, alive, now, config, events)
+        if available >= start_needs(s, config):
+            _start_round(s, s.available_ids(), now, config, events)
         elif now - s.phase_since >= config.sampling_timeout_s:
-            if len(alive) >= config.effective_min_updates:
-                _start_round(s, alive, now, config, events)
+            if available >= config.effective_min_updates:
+                _start_round(s, s.available_ids(), now, config, events)
             else:
                 s.phase, s.outcome, s.phase_since = FINISHED, "stalled", now
                 events.append(FederationFinished(s.round - 1, s.outcome))

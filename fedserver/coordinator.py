@@ -106,6 +106,8 @@ class Coordinator:
         self.stopping = False
         self._subscribers: list[Subscriber] = [self.history.append, self._log_round, self._write_round]
         self._wake = asyncio.Event()
+        # One event per client with a long-poll parked: a round start wakes only the clients it selected.
+        self._parked: dict[str, asyncio.Event] = {}
         self._agg_task: asyncio.Task[None] | None = None
         self._finished = asyncio.Event()
         self._told_finished: set[str] = set()
@@ -157,13 +159,22 @@ class Coordinator:
         for ev in events:
             self._on_event(ev)
         # Long-polls only care about a task becoming available or the federation ending; waking them for
-        # every accepted update would cost O(K^2) wake-ups per round.
-        if any(isinstance(ev, (rm.RoundStarted, rm.FederationFinished)) for ev in events):
-            self._notify()
+        # every accepted update would cost O(K^2) wake-ups per round, and waking every parked client at a round
+        # start O(N): a round start wakes the clients it selected.
+        for ev in events:
+            if isinstance(ev, rm.RoundStarted):
+                self._notify(ev.selected)
+            elif isinstance(ev, rm.FederationFinished):
+                self._notify()
 
-    def _notify(self) -> None:
+    def _notify(self, clients: tuple[str, ...] | None = None) -> None:
+        """Wake the run loop and the parked long-polls of ``clients`` (None: of every client)."""
         self._wake.set()
         self._wake = asyncio.Event()
+        for cid in self._parked if clients is None else clients:
+            parked = self._parked.get(cid)
+            if parked is not None:
+                parked.set()
 
     def _on_event(self, ev: rm.Event) -> None:
         if isinstance(ev, rm.RoundStarted):
@@ -192,6 +203,7 @@ class Coordinator:
             raise ProtocolError("FAILED_PRECONDITION", f"model fingerprint {model_fingerprint} does not match "
                                                        f"the federation's {self.fingerprint}")
         session = self.sessions.open(client_id)
+        self._notify((client_id,))  # a poll of a replaced session returns
         rejoin = client_id in self.state.clients
         self.observe(rm.Joined(client_id, self.clock(), num_samples, opt_out, attacker))
         index = self.state.clients[client_id].index
@@ -210,6 +222,7 @@ class Coordinator:
     def leave(self, session: str, reason: str) -> None:
         cid = self.sessions.close(session)
         self._told_finished.discard(cid)
+        self._notify((cid,))  # a poll of the ended session returns
         self.observe(rm.Left(cid, self.clock()))
         self.log.info("client.left", client_id=cid, reason=reason)
 
@@ -224,6 +237,7 @@ class Coordinator:
             self._polling[cid] -= 1
             if not self._polling[cid]:
                 del self._polling[cid]
+                self._parked.pop(cid, None)
 
     async def _pull(self, session: str, cid: str, max_wait_s: float) -> Task | WaitInfo:
         wait = min(max(max_wait_s, 0.0), self.config.server.long_poll_s)
@@ -241,8 +255,10 @@ class Coordinator:
             remaining = deadline - self.clock()
             if remaining <= 0:
                 return WaitInfo(0.0, False, "no task for this client yet")
+            parked = self._parked.setdefault(cid, asyncio.Event())
+            parked.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=remaining)
+                await asyncio.wait_for(parked.wait(), timeout=remaining)
             if session not in self.sessions:  # it left or re-joined meanwhile
                 return WaitInfo(0.0, False, "session ended")
 

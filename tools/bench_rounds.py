@@ -11,6 +11,13 @@ private part is what each extra process really costs.
     python tools/bench_rounds.py                     # K = 10, 20 timed rounds, synthetic MLP
     python tools/bench_rounds.py --hidden 1024 512   # a ~0.6M-parameter MLP instead
     python tools/bench_rounds.py --virtual           # the K clients as threads of one process
+    python tools/bench_rounds.py --clients 1000 -k 100 --virtual --procs 10 --rounds 10   # a fleet (issue 13)
+    python tools/bench_rounds.py ... --profile server.prof   # where the server's time goes (cProfile, top 25)
+
+With ``--clients N`` larger than K, the fleet is N connected clients of which K are selected per round (the
+rest stay parked in their long-polls); the server's CPU seconds per round (user + system, sampled from /proc
+between the first and the last timed round's completion) is the figure to watch on a small machine, where the
+clients' threads share the same cores.
 """
 
 from __future__ import annotations
@@ -45,10 +52,22 @@ def _rss_anon_mib(pid: int) -> float | None:
     return None
 
 
-def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> list[tuple[int, float, float]]:
-    """Wait for every process; (exit code, peak RSS MiB from wait4, peak RssAnon MiB sampled) of each."""
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` so far (/proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float,
+             cpu_trace: list[tuple[float, float]] | None = None) -> list[tuple[int, float, float, float]]:
+    """Wait for every process; (exit code, peak RSS MiB from wait4, peak RssAnon MiB sampled, CPU seconds user +
+    system from wait4) of each. ``cpu_trace`` collects (wall time, CPU seconds) samples of the first process."""
     deadline = time.monotonic() + timeout
-    results: dict[int, tuple[int, float]] = {}
+    results: dict[int, tuple[int, float, float]] = {}
     anon = dict.fromkeys(range(len(procs)), 0.0)
     while len(results) < len(procs):
         for i, p in enumerate(procs):
@@ -57,17 +76,21 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> list[tuple
             a = _rss_anon_mib(p.pid)
             if a is not None:
                 anon[i] = max(anon[i], a)
+            if i == 0 and cpu_trace is not None:
+                cpu = _cpu_seconds(p.pid)
+                if cpu is not None:
+                    cpu_trace.append((time.time(), cpu))
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
             if pid == p.pid:
                 p.returncode = os.waitstatus_to_exitcode(status)
-                results[i] = (p.returncode, usage.ru_maxrss / 1024.0)
+                results[i] = (p.returncode, usage.ru_maxrss / 1024.0, usage.ru_utime + usage.ru_stime)
         if time.monotonic() > deadline:
             for i, p in enumerate(procs):
                 if i not in results:
                     p.kill()
             raise TimeoutError("benchmark processes did not finish")
         time.sleep(0.02)
-    return [(*results[i], anon[i]) for i in range(len(procs))]
+    return [(results[i][0], results[i][1], anon[i], results[i][2]) for i in range(len(procs))]
 
 
 def main() -> int:
@@ -76,7 +99,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20, help="timed rounds (one warm-up round is added)")
     ap.add_argument("--hidden", type=int, nargs="*", default=[64], help="MLP hidden widths")
     ap.add_argument("--virtual", action="store_true", help="clients as threads of one process")
+    ap.add_argument("--clients", type=int, default=0, help="fleet size N (default K): N - K stay idle each round")
+    ap.add_argument("--procs", type=int, default=1, help="--virtual: client processes the fleet is spread over")
+    ap.add_argument("--profile", metavar="FILE", help="run the server under cProfile, save FILE, print the top 25")
     args = ap.parse_args()
+    n = args.clients or args.k
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
@@ -85,24 +112,27 @@ def main() -> int:
         run_dir = Path(tmp) / "run"
         address = f"127.0.0.1:{_free_port()}"
         total = args.rounds + 1
+        profile = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
         server = subprocess.Popen(
-            [py, "-m", "fedserver", "--address", address, "--rounds", str(total), "-k", str(args.k),
+            [py, *profile, "-m", "fedserver", "--address", address, "--rounds", str(total), "-k", str(args.k),
              "--run-dir", str(run_dir), "--log-json", "--log-level", "info", "--linger", "0.5",
-             "--model-kwargs", json.dumps({"hidden": args.hidden}), "--insecure"],
+             "--min-available", str(n), "--model-kwargs", json.dumps({"hidden": args.hidden}), "--insecure"],
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
         if args.virtual:
-            cmds = [[py, "-m", "tools.launch", "worker", "--server", address, "--first", "0", "--count",
-                     str(args.k), "--trainer", "noop", "--insecure"]]
+            per = -(-n // args.procs)
+            cmds = [[py, "-m", "tools.launch", "worker", "--server", address, "--first", str(first), "--count",
+                     str(min(per, n - first)), "--trainer", "noop", "--insecure"] for first in range(0, n, per)]
         else:
             cmds = [[py, "-m", "fedclient", "--server", address, "--client-id", f"bench-{i}", "--data-index",
                      str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure"]
-                    for i in range(args.k)]
+                    for i in range(n)]
         clients = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for c in cmds]
-        (rc, server_rss, server_anon), *client_res = wait_all([server, *clients], 600)
+        trace: list[tuple[float, float]] = []
+        (rc, server_rss, server_anon, _), *client_res = wait_all([server, *clients], 900, trace)
         events = [json.loads(line) for line in (Path(tmp) / "server.log").read_text().splitlines()
                   if line.startswith("{")]
-    if rc != 0 or any(code != 0 for code, _, _ in client_res):
-        print(f"benchmark run failed: server {rc}, clients {[c for c, _, _ in client_res]}", file=sys.stderr)
+    if rc != 0 or any(code != 0 for code, _, _, _ in client_res):
+        print(f"benchmark run failed: server {rc}, clients {[c for c, _, _, _ in client_res]}", file=sys.stderr)
         return 1
     done = [e for e in events if e["event"] == "round.completed"]
     assert len(done) == total, len(done)
@@ -111,17 +141,28 @@ def main() -> int:
     stamps = [datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp() for e in done]
     wall = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     start = next(e for e in events if e["event"] == "federation.started")
-    rss = [r for _, r, _ in client_res]
-    anon = [a for _, _, a in client_res]
-    print(f"K = {args.k} clients ({'threads of one process' if args.virtual else 'one process each'}), "
-          f"no-op trainer, {start['params']:,}-parameter MLP, {args.rounds} timed rounds after 1 warm-up")
+    rss = [r for _, r, _, _ in client_res]
+    anon = [a for _, _, a, _ in client_res]
+    layout = f"threads of {len(client_res)} process(es)" if args.virtual else "one process each"
+    print(f"K = {args.k} of N = {n} clients ({layout}), no-op trainer, {start['params']:,}-parameter MLP, "
+          f"{args.rounds} timed rounds after 1 warm-up")
     print(f"median seconds per round (start -> aggregated): {statistics.median(per_round):.4f}  "
           f"(min {min(per_round):.4f}, max {max(per_round):.4f})")
     print(f"wall seconds per round (between completions):   {wall:.4f}")
+    def cpu_at(t: float) -> float:
+        return min(trace, key=lambda sample: abs(sample[0] - t))[1]
+
+    server_cpu = (cpu_at(stamps[-1]) - cpu_at(stamps[0])) / (len(stamps) - 1)
+    print(f"server CPU seconds per round (user + system, between completions): {server_cpu:.4f}")
     print(f"peak RSS server: {server_rss:.0f} MiB; client process: median {statistics.median(rss):.0f} MiB, "
           f"max {max(rss):.0f} MiB")
     print(f"peak private (RssAnon) server: {server_anon:.0f} MiB; client process: median "
           f"{statistics.median(anon):.0f} MiB, max {max(anon):.0f} MiB")
+    if args.profile:
+        import pstats
+
+        print(f"server profile ({args.profile}), top 25 by cumulative time:")
+        pstats.Stats(args.profile).sort_stats("cumulative").print_stats(25)
     return 0
 
 
