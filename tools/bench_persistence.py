@@ -380,8 +380,10 @@ def bench_restart(args: argparse.Namespace) -> None:
                             "--set", f"backoff_max_s={args.backoff_max}", "--insecure"] for i in range(args.k)]
             backoff = f"initial {args.backoff_initial} s, max {args.backoff_max} s"
         else:
-            client_cmds = [[py, "-m", "tools.launch", "worker", "--server", address, "--first", "0", "--count",
-                            str(args.k), "--trainer", "noop", "--backoff-max", str(args.backoff_max), "--insecure"]]
+            from fedguard.launch import HostSpec, worker_command
+
+            client_cmds = [worker_command(HostSpec(address, 0, args.k, trainer="noop", backoff_max=args.backoff_max),
+                                          Path(tmp) / "host.json")]
             backoff = f"initial 0.2 s (ClientConfig default), max {args.backoff_max} s"
         print(f"restart: fedserver (mlp, synthetic, K = {args.k}, persistence.fsync="
               f"{'on' if args.fsync else 'off'}) + {args.k} no-op clients "

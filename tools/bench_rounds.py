@@ -120,8 +120,10 @@ def main() -> int:
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
         if args.virtual:
             per = -(-n // args.procs)
-            cmds = [[py, "-m", "tools.launch", "worker", "--server", address, "--first", str(first), "--count",
-                     str(min(per, n - first)), "--trainer", "noop", "--insecure"] for first in range(0, n, per)]
+            from fedguard.launch import HostSpec, worker_command
+
+            cmds = [worker_command(HostSpec(address, first, min(per, n - first), trainer="noop"),
+                                   Path(tmp) / f"host-{first}.json") for first in range(0, n, per)]
         else:
             cmds = [[py, "-m", "fedclient", "--server", address, "--client-id", f"bench-{i}", "--data-index",
                      str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure"]

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from fedcore.serialization import load_state
+from fedguard.launch import HostSpec, client_id, worker_command
 
 pytestmark = pytest.mark.system
 
@@ -94,9 +95,9 @@ def test_server_killed_at_every_stage_resumes_to_the_uninterrupted_model(
         return subprocess.Popen(server_cmd, cwd=ROOT, env=_env(**env), stdout=logs, stderr=subprocess.STDOUT)
 
     # Ten clients in one process; they outlive every server and re-join each new one unaided.
-    clients = subprocess.Popen([sys.executable, "-m", "tools.launch", "worker", "--server", f"127.0.0.1:{port}",
-                                "--first", "0", "--count", str(N), "--backoff-max", "0.3", "--insecure",
-                                "--straggler-delay", "0.3"],
+    spec = HostSpec(f"127.0.0.1:{port}", 0, N, backoff_max=0.3,
+                    simulation={client_id(i): {"straggler_delay_s": 0.3} for i in range(N)})
+    clients = subprocess.Popen(worker_command(spec, tmp_path / "host.json"),
                                cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         # SIGKILL while round 2 aggregates, between round 3's model write and its state commit, and between
