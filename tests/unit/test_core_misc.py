@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import math
 import random
 
@@ -150,6 +151,35 @@ def test_launcher_waits_for_the_fleet_unless_the_experiment_says_otherwise(tmp_p
     cfg.write_text(json.dumps({"rounds": {"min_available": 5}}))
     assert _configures_min_available(args)
     assert _configures_min_available(argparse.Namespace(server_set=["rounds.min_available = 2"], server_config=None))
+
+
+def _launch_args(**kw: object) -> argparse.Namespace:
+    base: dict[str, object] = {"clients": 10, "seed": 0, "straggler": "fixed", "straggler_delay": 0.0,
+                               "straggler_sigma": 1.0, "stragglers": 1.0, "dropout": 0.0, "dropout_return": 30.0,
+                               "crash": 0.0, "crash_rejoin": 5.0, "availability": None}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_launcher_simulation_plan_applies_fractions_and_traces(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from tools.launch import client_id, simulation_plan
+
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({client_id(3): [[0, 60]], "*": [[5, 1000]]}))
+    plan = simulation_plan(_launch_args(straggler="lognormal", straggler_delay=2.0, stragglers=0.3, dropout=0.3,
+                                        dropout_return=-1.0, availability=str(trace)))
+    stragglers = [cid for cid, sim in plan.items() if sim.get("straggler_delay_s")]
+    assert len(stragglers) == 3 and all(plan[c]["straggler"] == "lognormal" for c in stragglers)
+    assert stragglers == [cid for cid, sim in simulation_plan(_launch_args(
+        straggler_delay=2.0, stragglers=0.3)).items() if sim.get("straggler_delay_s")]  # seeded by --seed
+    assert all(sim["dropout"] == 0.3 and sim["dropout_return_s"] == -1.0 for sim in plan.values())
+    assert plan[client_id(3)]["availability"] == [[0.0, 60.0]]
+    assert plan[client_id(4)]["availability"] == [[5.0, 1000.0]]
+    with pytest.raises(ValueError, match=r"simulation\.dropout: must be a probability"):
+        simulation_plan(_launch_args(dropout=2.0))
+    with pytest.raises(ValueError, match="--stragglers must be a fraction"):
+        simulation_plan(_launch_args(stragglers=1.5))
 
 
 @pytest.mark.parametrize(("n", "sizes"), [(21, [10, 11]), (20, [10, 10]), (1, [1]), (11, [11]), (25, [10, 10, 5])])
