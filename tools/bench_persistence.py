@@ -16,7 +16,7 @@
             After each pair, one more federation whose rounds take or skip the snapshot in seeded random order
             (--mixed-rounds): the same comparison free of federation-to-federation drift; the verdict uses it.
   restart   Seconds from a server restart to the next completed round, with real processes: `python -m
-            fedserver` and K clients (`python -m tools.launch worker`, threads of one process; --processes: one
+            fedserver` and K clients (`fedguard-launch worker`, threads of one process; --processes: one
             `python -m fedclient` each) with a small reconnection backoff. The server is SIGKILLed mid-federation
             and the identical command line started again, --repeats times; from the restarted server's JSON log:
             exec -> state restored, -> listening, -> every client re-joined, -> next round completed.
@@ -387,7 +387,7 @@ def bench_restart(args: argparse.Namespace) -> None:
             backoff = f"initial 0.2 s (ClientConfig default), max {args.backoff_max} s"
         print(f"restart: fedserver (mlp, synthetic, K = {args.k}, persistence.fsync="
               f"{'on' if args.fsync else 'off'}) + {args.k} no-op clients "
-              f"({f'{args.k} fedclient processes' if args.processes else 'threads of one tools.launch worker'}); "
+              f"({f'{args.k} fedclient processes' if args.processes else 'threads of one fedguard.launch worker'}); "
               f"client reconnection backoff: {backoff}, full jitter; SIGKILL after {args.rounds} rounds of each "
               f"server life, then the identical command line again; {args.repeats} restarts; {os.cpu_count()} CPUs")
         print("server: " + " ".join(Path(c).name if c == py else c for c in server_cmd))

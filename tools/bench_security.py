@@ -17,7 +17,7 @@
              Modes: plaintext = security.insecure on both sides; tls = the server has tls_cert/tls_key and a
              client verifies it with ca_cert only; mtls = the server also has client_ca and every client
              presents its own certificate (the client id is the certificate's). Certificates: a throw-away CA
-             (tools.launch.make_tls_dir, ECDSA P-256). persistence.enabled is off in these federations (it is
+             (fedguard.launch.make_tls_dir, ECDSA P-256). persistence.enabled is off in these federations (it is
              the same in every mode and only adds noise). Channels are long-lived (one per client for the
              whole federation), so a round pays no handshake: only the record encryption of the model and
              update bytes.
@@ -97,7 +97,7 @@ def _server_security(mode: str, tls_dir: Path) -> dict[str, Any]:
 
 
 def _client_security(mode: str, tls_dir: Path, cid: str) -> dict[str, Any]:
-    from tools.launch import client_tls_options
+    from fedguard.launch import client_tls_options
 
     if mode == "plaintext":
         return {"insecure": True}
@@ -211,7 +211,7 @@ def bench_transport(args: argparse.Namespace) -> None:
 
     from fedcore.log import configure_logging
     from fedcore.models import build_model
-    from tools.launch import make_tls_dir
+    from fedguard.launch import make_tls_dir
 
     configure_logging(level="error")
     torch.set_num_threads(1)
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--dir", default=None, help="where the temp run dir goes (default: the system temp dir)")
     st.set_defaults(func=bench_stalled)
     args = ap.parse_args(argv)
-    if str(ROOT) not in sys.path:  # run as a script: tools.launch is imported from this repository
+    if str(ROOT) not in sys.path:  # run as a script: fedguard.launch is imported from this repository
         sys.path.insert(0, str(ROOT))
     args.func(args)
     return 0

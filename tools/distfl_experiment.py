@@ -3,7 +3,7 @@
     python tools/distfl_experiment.py run --scenario mnist-flip --seeds 0 [--rounds 30] [--timeout 540]
     python tools/distfl_experiment.py summarize runs/distfl_exp --md docs/results/distfl_acceptance.md
 
-``run`` launches, per scenario and seed, two federations with ``python -m tools.launch --config
+``run`` launches, per scenario and seed, two federations with ``fedguard-launch --config
 configs/distfl_<scenario>.toml`` (real fedserver and virtual fedclient processes): ``distfl`` (the config's
 ``[distfl]``) and ``fedavg`` (``distfl.enabled = false``), each in ``OUT/<scenario>-<arm>-s<seed>/``. A run
 stopped at ``--timeout`` keeps its completed rounds and resumes from them when the command is run again.
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{name}: already finished", flush=True)
                 continue
             run_dir.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "tools.launch", "--config", SCENARIOS[args.scenario], "--run-dir",
+            cmd = [sys.executable, "-m", "fedguard.launch", "--config", SCENARIOS[args.scenario], "--run-dir",
                    str(run_dir), "--seed", str(seed), *extra]
             if (run_dir / "state").is_dir():
                 cmd.append("--resume")
@@ -93,7 +93,7 @@ def _truth(scenario: str, config: dict[str, Any], seed: int, n: int) -> dict[str
         types = client_types(n, int(config["data"]["options"]["num_types"]))
         return {f"client-{i:05d}": int(types[i]) for i in range(n)}
     if scenario == "mnist-flip":
-        from tools.launch import attacker_indices
+        from fedguard.launch import attacker_indices
 
         bad = set(attacker_indices(n, float(config["launch"]["attackers"]), seed))
         return {f"client-{i:05d}": int(i in bad) for i in range(n)}

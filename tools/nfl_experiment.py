@@ -3,7 +3,7 @@
     python tools/nfl_experiment.py run --out runs/nfl_exp --seeds 0 1 2 --parallel 8 [--rounds 150] [--nr 20]
     python tools/nfl_experiment.py summarize runs/nfl_exp --md docs/results/nfl_acceptance.md
 
-``run`` launches every (environment, arm, seed) as its own federation (``python -m tools.launch --config
+``run`` launches every (environment, arm, seed) as its own federation (``fedguard-launch --config
 configs/mnist_{nfl,ideal}.toml``, real fedserver and virtual fedclient processes over loopback), ``--parallel`` at a
 time, each in ``OUT/<env>-<arm>-s<seed>/``. Arms: ``fedavg`` (nfl.mode = off), ``detect`` (detect-and-recover),
 ``always`` (always-recover), ``holdouts`` (detect-and-recover, 50% of the benign clients opt out); for the recovery
@@ -11,7 +11,7 @@ methods side by side also ``fedprox`` and ``lindt``, ``ditto``, ``apfl``, ``ft``
 ``[recovery] method``). NR and c are
 scaled to the run (``--nr``, ``--c``). A run that exceeds ``--timeout`` is stopped; its completed rounds stay in
 its ``rounds.jsonl`` (the server persists every round) and the summary says how many rounds it reached; running
-the same command again resumes every unfinished run from its last completed round (``tools.launch --resume``) and
+the same command again resumes every unfinished run from its last completed round (``fedguard.launch --resume``) and
 skips finished ones, so a machine with a per-command time limit completes the experiment over several commands.
 
 ``summarize`` reads every run's ``rounds.jsonl`` and prints one row per (environment, arm, client group), means
@@ -59,7 +59,7 @@ ALL_ARMS = {**ARMS, **METHOD_ARMS}
 
 
 def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "tools.launch", "--config", ENVS[env], "--run-dir", str(run_dir), "--seed",
+    cmd = [sys.executable, "-m", "fedguard.launch", "--config", ENVS[env], "--run-dir", str(run_dir), "--seed",
            str(seed), "--procs", str(args.procs), *ALL_ARMS[arm], "--server-set", f"nfl.nr={args.nr}",
            "--server-set", f"nfl.c={args.c}",
            # round 1 waits for all N clients, which first train their private models: give them time

@@ -9,9 +9,9 @@ from pathlib import Path
 from fedclient import FedClient
 from fedcore.data import load_client_data
 from fedcore.models import build_model
+from fedguard.launch import make_tls_dir
 from fedserver import ServerThread
 from tests.integration.helpers import server_config
-from tools.launch import make_tls_dir
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

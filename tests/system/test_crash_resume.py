@@ -46,7 +46,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def _launch(run_dir: Path, *flags: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "tools.launch", "--clients", str(N), "--rounds", str(ROUNDS),
+    out = subprocess.run([sys.executable, "-m", "fedguard.launch", "--clients", str(N), "--rounds", str(ROUNDS),
                           "--run-dir", str(run_dir), *flags],
                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -142,7 +142,7 @@ def test_launcher_waits_for_the_fleet_unless_the_experiment_says_otherwise(tmp_p
     import argparse
     import json
 
-    from tools.launch import _configures_min_available
+    from fedguard.launch import _configures_min_available
 
     cfg = tmp_path / "server.json"
     cfg.write_text(json.dumps({"rounds": {"num_rounds": 3}}))
@@ -163,7 +163,7 @@ def _launch_args(**kw: object) -> argparse.Namespace:
 def test_launcher_simulation_plan_applies_fractions_and_traces(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from tools.launch import client_id, simulation_plan
+    from fedguard.launch import client_id, simulation_plan
 
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({client_id(3): [[0, 60]], "*": [[5, 1000]]}))
