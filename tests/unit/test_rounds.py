@@ -314,3 +314,16 @@ def test_late_uploads_are_counted_apart_from_other_refusals() -> None:
     s, _ = rm.step(s, rm.UpdateRejected(chosen, 2, "bad tensor", 5.0), cfg, LIMITS)  # on time: not late
     assert s.late_total == 2 and s.rejected_total == 3
     assert rm.RoundState.from_dict(s.to_dict()).late_total == 2
+
+
+def test_to_dict_equals_asdict_and_copies_what_it_returns() -> None:
+    import dataclasses
+
+    cfg = RoundsConfig(num_rounds=2, clients_per_round=2)
+    s = _machine(3, cfg)
+    s, _ = rm.step(s, rm.UpdateRejected(s.selected[0], 1, "bad", 1.0), cfg, LIMITS)
+    d = s.to_dict()
+    assert d == dataclasses.asdict(s)
+    d["clients"]["c0"]["alive"] = False
+    d["selected"].append("x")
+    assert s.clients["c0"].alive and "x" not in s.selected
