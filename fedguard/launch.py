@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     args.holdout_ids = holdout_indices(args.clients, args.holdouts, args.seed or 0, args.attacker_ids)
     if args.ray:
         try:
-            from fedguard.launch_ray import connect, node_address
+            from fedguard.launch_ray import connect, missing_resources, node_address
         except ImportError:
             print("launch: --ray needs Ray: pip install 'fedguard[ray]'", file=sys.stderr)
             return 2
@@ -606,6 +606,11 @@ def main(argv: list[str] | None = None) -> int:
                 print("launch: --ray-resources must be a JSON object of resource name -> amount", file=sys.stderr)
                 return 2
         connect(args.ray)
+        per_host = math.ceil(args.clients / max(args.procs, 1))
+        why = missing_resources(args, math.ceil(args.clients / per_host))
+        if why is not None:
+            print(f"launch: {why}", file=sys.stderr)
+            return 2
         args.virtual = True
         args.server_host = args.server_host or node_address()
     args.server_host = args.server_host or "127.0.0.1"

@@ -66,6 +66,23 @@ def node_address() -> str:
     return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
 
+def missing_resources(args: argparse.Namespace, hosts: int) -> str | None:
+    """Why ``hosts`` actors with the requested resources can never all run at once on this Ray cluster (they
+    would wait for each other's resources for ever: the federation needs every host), or None when they fit."""
+    import ray
+
+    total = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    wanted: dict[str, float] = {"CPU": args.ray_cpus, "GPU": args.ray_gpus}
+    if args.ray_resources:
+        wanted.update({str(k): float(v) for k, v in json.loads(args.ray_resources).items()})
+    for name, each in wanted.items():
+        if each > 0 and hosts * each > total.get(name, 0.0) + 1e-9:
+            return (f"{hosts} client hosts x {each:g} {name} = {hosts * each:g} {name}, but the Ray cluster has "
+                    f"{total.get(name, 0.0):g}: every host must run at once; lower --procs or the per-host "
+                    f"request (--ray-cpus, --ray-gpus, --ray-resources), or add nodes")
+    return None
+
+
 def start_ray_hosts(args: argparse.Namespace, specs: list[HostSpec]) -> list[RayHost]:
     """One :class:`ClientHost` actor per spec with ``--ray-cpus``/``--ray-gpus``/``--ray-resources`` each."""
     import ray

@@ -115,7 +115,7 @@ def main() -> int:
         profile = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
         server = subprocess.Popen(
             [py, *profile, "-m", "fedserver", "--address", address, "--rounds", str(total), "-k", str(args.k),
-             "--run-dir", str(run_dir), "--log-json", "--log-level", "info", "--linger", "0.5",
+             "--run-dir", str(run_dir), "--log-json", "--log-level", "info", "--linger", "10",
              "--min-available", str(n), "--model-kwargs", json.dumps({"hidden": args.hidden}), "--insecure"],
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
         if args.virtual:
@@ -128,13 +128,19 @@ def main() -> int:
             cmds = [[py, "-m", "fedclient", "--server", address, "--client-id", f"bench-{i}", "--data-index",
                      str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure"]
                     for i in range(n)]
-        clients = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for c in cmds]
+        client_logs = [Path(tmp) / f"clients-{i}.log" for i in range(len(cmds))]
+        clients = [subprocess.Popen(c, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
+                   for c, log in zip(cmds, client_logs, strict=True)]
         trace: list[tuple[float, float]] = []
         (rc, server_rss, server_anon, _), *client_res = wait_all([server, *clients], 900, trace)
         events = [json.loads(line) for line in (Path(tmp) / "server.log").read_text().splitlines()
                   if line.startswith("{")]
+        failed_tails = [log.read_text().splitlines()[-25:] for log, (code, *_) in zip(client_logs, client_res,
+                                                                                      strict=True) if code != 0]
     if rc != 0 or any(code != 0 for code, _, _, _ in client_res):
         print(f"benchmark run failed: server {rc}, clients {[c for c, _, _, _ in client_res]}", file=sys.stderr)
+        for tail in failed_tails[:3]:
+            print("  " + "\n  ".join(tail), file=sys.stderr)
         return 1
     done = [e for e in events if e["event"] == "round.completed"]
     assert len(done) == total, len(done)

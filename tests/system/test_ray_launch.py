@@ -41,3 +41,9 @@ def test_bad_ray_resources_are_refused_before_anything_starts(tmp_path: Path) ->
     r = _launch(tmp_path / "run", "--ray", "auto", "--ray-resources", "[1, 2]")
     assert r.returncode == 2 and "--ray-resources must be a JSON object" in r.stderr
     assert not (tmp_path / "run" / "server.log").exists()
+
+
+def test_hosts_that_cannot_all_run_at_once_are_refused(tmp_path: Path) -> None:
+    r = _launch(tmp_path / "run", "--ray", "auto", "--ray-cpus", "64")
+    assert r.returncode == 2 and "2 client hosts x 64 CPU = 128 CPU, but the Ray cluster has" in r.stderr
+    assert not (tmp_path / "run" / "server.log").exists()
