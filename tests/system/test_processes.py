@@ -127,7 +127,7 @@ def test_launcher_virtual_mode_prints_one_row_per_round(tmp_path: Path) -> None:
     # Without private models no client reports beta_hat_i: the detector watches and counts nothing.
     assert all(row[1] == "3" and row[2] == "3" and row[3] == "0" and row[12] == "watching:0" for row in rows)
     assert any(line.startswith("last 3 rounds: test_acc") for line in lines)
-    assert "client processes ok 2/2" in r.stdout
+    assert "client hosts ok 2/2" in r.stdout
     assert (tmp_path / "run" / "final_model.fgt").exists()
     # Round 1 waited for the whole fleet: the launcher asks for min_available = N unless told otherwise.
     assert json.loads((tmp_path / "run" / "config.json").read_text())["rounds"]["min_available"] == 6
