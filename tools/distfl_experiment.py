@@ -13,8 +13,8 @@ part in every round in these scenarios):
 - ``local acc``: the clients' accuracy on their own test splits with the model they were handed (DistFL: their
   cluster's; FedAvg: the global model), benign clients only;
 - ``Local``: the clients' stand-alone models' accuracy Pᵢ = Vᵢ − βᵢ (benign), the "Local" row of DistFL Table 2;
-- ``ARI``: the final clusters against the true groups (types: the distribution type; mnist-flip: attacker or
-  benign; har: none, the number of clusters only) and the number of clusters;
+- ``ARI`` and ``purity``: the final clusters against the true groups (types: the distribution type; mnist-flip:
+  attacker or benign; har: none, the number of clusters only) and the number of clusters;
 - mnist-flip: accuracy and attack success rate (DistFL Eq. 9, sources 0–7 → their swapped labels) of the model
   of the cluster holding most benign clients, and of FedAvg's global model, on the pooled test splits.
 """
@@ -121,14 +121,23 @@ def _flip_metrics(config: dict[str, Any], seed: int, state: dict[str, Any]) -> t
     return central_accuracy(model, x, y), attack_success_rate(model, x, y, mapping)
 
 
+def purity(truth: dict[str, int], assignment: dict[str, str]) -> float:
+    """Share of clients whose cluster's most common true group is their own (1.0: no cluster mixes groups,
+    however many clusters a group is split into; ARI also penalises the splitting)."""
+    members: dict[str, list[int]] = {}
+    for cid, cluster in assignment.items():
+        members.setdefault(cluster, []).append(truth[cid])
+    return sum(max(g.count(v) for v in set(g)) for g in members.values()) / len(assignment)
+
+
 def summarize(args: argparse.Namespace) -> int:
     import tomllib
 
     from fedcore.distfl import adjusted_rand_index
 
     base = Path(args.dir)
-    lines = ["| scenario | arm | seeds | rounds | local acc (benign) | Local (benign) | clusters | ARI | "
-             "benign-cluster / global ACC | ASR |", "|" + " --- |" * 10]
+    lines = ["| scenario | arm | seeds | rounds | local acc (benign) | Local (benign) | clusters | ARI | purity | "
+             "benign-cluster / global ACC | ASR |", "|" + " --- |" * 11]
     for scenario, cfg_path in SCENARIOS.items():
         config = tomllib.loads((ROOT / cfg_path).read_text())
         n = int(config["launch"]["clients"])
@@ -136,7 +145,7 @@ def summarize(args: argparse.Namespace) -> int:
             names = sorted(p.name for p in base.glob(f"{scenario}-{arm}-s*") if read_rows(p))
             if not names:
                 continue
-            acc, local, clusters, aris, accs, asrs, reached = [], [], [], [], [], [], []
+            acc, local, clusters, aris, purities, accs, asrs, reached = [], [], [], [], [], [], [], []
             for name in names:
                 run_dir = base / name
                 seed = int(name.rsplit("-s", 1)[1])
@@ -153,6 +162,7 @@ def summarize(args: argparse.Namespace) -> int:
                 if truth is not None and assignment:
                     ids = sorted(assignment)
                     aris.append(adjusted_rand_index([truth[c] for c in ids], [assignment[c] for c in ids]))
+                    purities.append(purity({c: truth[c] for c in ids}, assignment))
                 if scenario == "mnist-flip" and models:
                     if arm == "distfl" and assignment and truth is not None:
                         benign = [assignment[c] for c in assignment if truth[c] == 0]
@@ -164,6 +174,7 @@ def summarize(args: argparse.Namespace) -> int:
                     asrs.append(s)
             lines.append(f"| {scenario} | {arm} | {len(names)} | {'/'.join(reached)} | {fmt(finite_mean(acc))} | "
                          f"{fmt(finite_mean(local))} | {fmt(finite_mean(clusters))} | {fmt(finite_mean(aris))} | "
+                         f"{fmt(finite_mean(purities))} | "
                          f"{fmt(finite_mean(accs))} | {fmt(finite_mean(asrs))} |")
     text = "\n".join(lines)
     print(text)
