@@ -23,7 +23,10 @@ pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
 N, ROUNDS = 10, 6
-FEDERATION = ["--rounds", str(ROUNDS), "-k", str(N), "--min-available", str(N), "--round-timeout", "60"]
+# min_updates = K: bit-identity holds when the same updates are aggregated, so no round may close without one
+# (the default, ceil(K/2), lets a round close without a client lost on a loaded machine).
+FEDERATION = ["--rounds", str(ROUNDS), "-k", str(N), "--min-available", str(N), "--min-updates", str(N),
+              "--round-timeout", "60"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -47,7 +50,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 def _launch(run_dir: Path, *flags: str) -> None:
     out = subprocess.run([sys.executable, "-m", "fedguard.launch", "--clients", str(N), "--rounds", str(ROUNDS),
-                          "--run-dir", str(run_dir), *flags],
+                          "--run-dir", str(run_dir), "--min-updates", str(N), *flags],
                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
 
