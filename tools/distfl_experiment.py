@@ -53,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{name}: already finished", flush=True)
                 continue
             run_dir.mkdir(parents=True, exist_ok=True)
+            # Every client trains its private model (Local) before it asks for work: on a small machine the whole
+            # fleet takes longer than the default 300 s to be ready.
             cmd = [sys.executable, "-m", "fedguard.launch", "--config", SCENARIOS[args.scenario], "--run-dir",
-                   str(run_dir), "--seed", str(seed), *extra]
+                   str(run_dir), "--seed", str(seed), "--server-set", "rounds.sampling_timeout_s=3600.0", *extra]
             if (run_dir / "state").is_dir():
                 cmd.append("--resume")
             if args.rounds:
