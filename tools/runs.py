@@ -13,8 +13,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def finished(run_dir: Path) -> bool:
-    """Whether the run's server completed its federation (its final model is written then)."""
-    return (run_dir / "final_model.fgt").exists()
+    """Whether the run's server completed its federation: its last ``federation.finished`` log event says
+    "completed" (a stalled federation writes its final model too, and is resumed by running it again)."""
+    if not (run_dir / "final_model.fgt").exists():
+        return False
+    log = run_dir / "server.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    for line in reversed(lines):
+        if '"federation.finished"' in line or '"federation.already_finished"' in line:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            return bool(event.get("outcome", "completed") == "completed")
+    return False
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
