@@ -1,11 +1,12 @@
 """Simulated device behaviour (SPEC §4): stragglers, dropouts, crashes and availability windows.
 
 A client's ``[simulation]`` section (:class:`SimulationConfig`, the ``simulation.*`` fields of a
-:class:`fedcore.config.ClientConfig`; ``fedclient --straggler ... --dropout ...``; the launcher's fractions) says
-how the device misbehaves; :func:`round_fate` draws what happens to one task, from a generator seeded by
-(seed, client id, round, the task's number within the round), never torch's or numpy's global RNG: the same
-fleet misbehaves the same way in every run, whatever the thread timing. The shell that acts on a fate is
-:mod:`fedclient.simulation`. Nothing here is ever set by a server: it is the device's own (simulated) nature.
+:class:`fedcore.config.ClientConfig`; the client CLI's ``--straggler ... --dropout ...``; the launcher's
+fractions) says how the device misbehaves; :func:`round_fate` draws what happens to one task, from a generator
+seeded by (seed, client id, round, the task's number within the round), never torch's or numpy's global RNG:
+the same fleet misbehaves the same way in every run, whatever the thread timing. The client shell's
+``DeviceSimulation`` acts on a fate. Nothing here is ever set by a server: it is the device's own (simulated)
+nature.
 
 - **straggler**: an extra delay before the update is pushed: ``fixed`` (``straggler_delay_s``) or ``lognormal``
   (median ``straggler_delay_s``, log-space standard deviation ``straggler_sigma``).
