@@ -430,6 +430,8 @@ def host_clients(spec: HostSpec) -> int:
         if spec.tls_files:
             tls_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedguard-host-tls-")))
             for rel, text in spec.tls_files.items():
+                if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                    raise ValueError(f"HostSpec.tls_files: {rel!r} is not a path inside the host's own directory")
                 path = tls_dir / rel
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.touch(mode=0o600)

@@ -195,3 +195,11 @@ def test_a_batchnorm_model_trains_on_a_shard_of_one_modulo_the_batch_size() -> N
     model = build_model("mlp_bn", {"in_features": 20, "num_classes": 4, "hidden": [8]}, seed=0)
     res = train_local(model, x, y, TrainingConfig(local_epochs=2, batch_size=10, learning_rate=0.05))
     assert res.steps == 4 and math.isfinite(res.loss)
+
+
+def test_a_host_spec_writes_certificates_only_inside_its_own_directory() -> None:
+    from fedguard.launch import HostSpec, host_clients
+
+    for rel in ("../escape.pem", "/etc/evil.pem"):
+        with pytest.raises(ValueError, match="not a path inside the host's own directory"):
+            host_clients(HostSpec("127.0.0.1:1", 0, 1, tls_files={rel: "x"}))
