@@ -347,7 +347,7 @@ class FedClient:
             self.data = load_client_data(dataset, index, fed.seed, data_options)
         attack = self.config.attack
         try:
-            if attack.kind == "label_flip" and self._train_data is None:
+            if attack.flips_labels and self._train_data is None:
                 self._train_data = poison_client_data(self.data, attack)
             elif attack.kind == "backdoor":
                 backdoor_batches(self.data, attack, 0)  # fails early if the data cannot carry the backdoor

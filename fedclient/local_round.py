@@ -11,7 +11,10 @@
    reported NFL, a client whose β̂ᵢ was negative in more than NR rounds adapts on its own;
 4. the trainer trains ``model`` (the update the client sends) with ``recovery = (task flag or own decision) and
    not opt-out``; FL-GUARD's adaptation trains vᵢ beside it without changing the sent update;
-5. trainer state and individual counters are saved in the state dir (kept in memory without one).
+5. the update hook (:data:`UpdateHook`, default :func:`fedcore.attacks.poison_update` with the client's attack)
+   sees the received and the trained weights and may replace what is sent: a model-poisoning attacker's crafted
+   update (model replacement, Stat-Opt, Dyn-Opt with partial knowledge); ``None`` sends the trained model;
+6. trainer state and individual counters are saved in the state dir (kept in memory without one).
 
 The β̂ᵢ sent is the measured one, unless the client plays the fabricated-β̂ attacker (``attack.fake_beta_hat``).
 """
@@ -19,18 +22,23 @@ The β̂ᵢ sent is the measured one, unless the client plays the fabricated-β�
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+import torch
 from torch import nn
 
-from fedcore.attacks import attacker_local_epochs, backdoor_batches
+from fedcore.attacks import PoisonedUpdate, UpdateContext, attacker_local_epochs, backdoor_batches, poison_update
+from fedcore.attacks.model_poisoning import flat_update
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.data import ClientData
 from fedcore.nfl import DETECT_AND_RECOVER
 from fedcore.nfl import individual as ind
-from fedcore.seeds import round_seeds
+from fedcore.seeds import RoundSeeds, derive_seed, round_seeds
 from fedcore.train import evaluate
 from fedcore.train.trainers import (
     Trainer,
@@ -42,6 +50,10 @@ from fedcore.train.trainers import (
     make_trainer,
     save_trainer_state,
 )
+
+# The one place a client's update can be changed before it is sent (like Flower's client mods): gets the round's
+# received and trained weights and returns the weights to send instead, or None to send the trained model.
+UpdateHook = Callable[[UpdateContext], PoisonedUpdate | None]
 
 
 class LocalRoundError(RuntimeError):
@@ -57,8 +69,9 @@ class RoundOutcome:
 
 
 class LocalRound:
-    def __init__(self, config: ClientConfig, client_id: str, log: Any) -> None:
+    def __init__(self, config: ClientConfig, client_id: str, log: Any, update_hook: UpdateHook | None = None) -> None:
         self.config = config
+        self.update_hook: UpdateHook = update_hook or partial(poison_update, config.attack)
         self.client_id = client_id
         self.log = log
         # The client's own trainer, else the server's [recovery] method once it is known (:meth:`use_method`).
@@ -112,8 +125,9 @@ class LocalRound:
         cfg = self.config
         if self._trainer is None:
             self.use_method(fed.recovery_method, fed.recovery_options)
-        tstate = self._trainer_state(model)
+        tstate = start_state = self._trainer_state(model)
         received = model.state_dict()
+        before = {k: v.detach().clone() for k, v in received.items()}  # the hook's w^{r-1} (training changes model)
         infer = model
         personal = False
         if not cfg.opt_out and self.trainer.inference_module is not None:
@@ -144,6 +158,12 @@ class LocalRound:
                                          recovery=recovery, learning_rate=learning_rate,
                                          epochs=attacker_local_epochs(attack, fed.training.local_epochs),
                                          batches=batches)
+        hooked = self.update_hook(UpdateContext(
+            received=before, trained=model.state_dict(), num_train=data.num_train, seed=seeds.attack,
+            honest_update=partial(self._honest_update, model, before, start_state, data, fed, seeds, learning_rate)))
+        if hooked is not None:
+            model.load_state_dict(hooked.weights)
+            metrics.update(hooked.metrics)
         self._tstate = tstate
         metrics["adapting"] = float(recovery)
         metrics.update(tstate.metrics if recovery else {})
@@ -151,6 +171,21 @@ class LocalRound:
             save_trainer_state(cfg.state_dir, tstate)
         sent = attack.fake_beta_hat if attack.fabricates_beta_hat else measured
         return RoundOutcome(res.loss, sent, {k: float(v) for k, v in metrics.items() if math.isfinite(v)})
+
+    def _honest_update(self, model: nn.Module, received: dict[str, torch.Tensor], tstate: TrainerState,
+                       data: ClientData, fed: FederationInfo, seeds: RoundSeeds, learning_rate: float | None,
+                       idx: torch.Tensor) -> torch.Tensor:
+        """The update an honest round of this client's trainer makes from ``received`` on its clean training
+        samples ``idx`` (a model-poisoning attacker's partial knowledge); batches and dropout seeded per shard;
+        the trainer state it returns is thrown away."""
+        shard = derive_seed(seeds.attack, "honest_shard", int(idx.numel()), int(idx[0]) if idx.numel() else -1)
+        shard_seeds = dataclasses.replace(seeds, batches=derive_seed(shard, "batches"),
+                                          dropout=derive_seed(shard, "dropout"))
+        honest = copy.deepcopy(model)
+        honest.load_state_dict(received)
+        self.trainer.train(honest, tstate, data.x_train[idx], data.y_train[idx], fed.training, shard_seeds,
+                           recovery=False, learning_rate=learning_rate)
+        return flat_update(honest.state_dict(), received)
 
     def _individual_step(self, fed: FederationInfo, round_: int, measured: float | None,
                          system_flag: bool) -> bool:

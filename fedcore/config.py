@@ -21,6 +21,7 @@ from typing import Any, TypeVar, Union
 
 from fedcore.aggregation import AggregationConfig, check_memory
 from fedcore.attacks import AttackConfig
+from fedcore.attacks.harness import SimulationHarnessConfig
 from fedcore.distfl.config import DistflConfig
 from fedcore.nfl.config import NflConfig
 from fedcore.simulation import SimulationConfig
@@ -194,6 +195,8 @@ class ServerConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     distfl: DistflConfig = field(default_factory=DistflConfig)
+    # SIMULATION ONLY: the server-side full-knowledge adversary (fedcore.attacks.harness); refused with TLS/mTLS.
+    simulation_harness: SimulationHarnessConfig = field(default_factory=SimulationHarnessConfig)
 
     def validate(self) -> ServerConfig:
         validate_server_config(self)
@@ -363,6 +366,29 @@ def validate_server_config(c: ServerConfig) -> None:
         _check_file(getattr(sec, name), f"security.{name}")
     _check(math.isfinite(sec.replay_window_s) and sec.replay_window_s > 0, "security.replay_window_s",
            f"must be > 0, got {sec.replay_window_s}")
+    _validate_harness(c)
+
+
+def _validate_harness(c: ServerConfig) -> None:
+    """The full-knowledge adversary is a test harness: refused with any production security setting."""
+    h = c.simulation_harness
+    try:
+        h.validate()
+    except ValueError as e:
+        field_name, _, message = str(e).partition(": ")
+        raise ConfigError(field_name, message) from None
+    if not h.full_knowledge_adversary:
+        return
+    sec = c.security
+    production = [name for name, on in (("TLS (security.tls_cert)", bool(sec.tls_cert)),
+                                        ("mutual TLS (security.client_ca)", bool(sec.client_ca)),
+                                        ("enrolled client keys (security.client_keys)", bool(sec.client_keys)))
+                  if on]
+    _check(not production and sec.insecure, "simulation_harness.full_knowledge_adversary",
+           "a simulation test harness (the server crafts the attackers' updates); refused with production "
+           f"settings: it runs only on an insecure loopback/simulation server, got {', '.join(production) or 'TLS'}")
+    _check(not c.distfl.enabled, "simulation_harness.full_knowledge_adversary",
+           "not supported with distfl.enabled (clusters aggregate their own rows)")
 
 
 def resolved_rounds(c: ServerConfig) -> RoundsConfig:
@@ -387,8 +413,10 @@ def resolved_rounds(c: ServerConfig) -> RoundsConfig:
 def effective_aggregation(c: ServerConfig) -> AggregationConfig:
     """The aggregation configuration the server runs: ``[aggregation]``, with ``exact_metrics`` on when the NFL
     detector is LINDT's Δ, which needs w_div exactly (a CountSketch estimate errs by about 1%, more than ε = 0.1
-    once w_div is above 10); that keeps a [K, P] float32 buffer for FedAvg."""
-    if c.nfl.detector == "delta" and not c.aggregation.exact_metrics:
+    once w_div is above 10), and when the full-knowledge test harness must see the round's rows; that keeps a
+    [K, P] float32 buffer for FedAvg."""
+    if (c.nfl.detector == "delta" or c.simulation_harness.full_knowledge_adversary) \
+            and not c.aggregation.exact_metrics:
         return dataclasses.replace(c.aggregation, exact_metrics=True)
     return c.aggregation
 

@@ -29,6 +29,9 @@ class RoundReport:
     # Uploads refused because their round (or attempt) had already closed (late stragglers), since the federation
     # began (a running total, so none is lost between two reports).
     late_total: int = 0
+    # Accepted updates of this round from clients that joined as attackers (simulation; their test accuracy and
+    # beta are left out of the *_benign numbers).
+    attackers: int = 0
     # Sample-weighted mean of the clients' reported training losses.
     mean_train_loss: float = NAN
     # Mean over participants of the received model's accuracy on their local test split.

@@ -46,6 +46,7 @@ from fedserver.dispatch import Task, TaskDispatcher, WaitInfo
 from fedserver.errors import EXIT_STALLED, ProtocolError
 from fedserver.finalize import RoundFinalizer
 from fedserver.global_models import GlobalModels
+from fedserver.harness import AdversaryHarness
 from fedserver.intake import UpdateIntake, UpdateTicket
 from fedserver.nfl_monitor import SLOT as NFL_SLOT
 from fedserver.nfl_monitor import NflMonitor
@@ -97,6 +98,7 @@ class Coordinator:
                                    self.clusters.make_buffer if self.clusters.enabled else None)
         eval_model = model.to(evaluation_device(config)) if config.evaluation.central else None
         self.finalizer = RoundFinalizer(config, self.models, eval_model, clock)
+        self.harness = AdversaryHarness(config)  # simulation only; does nothing unless turned on
         self.persistence = Persistence(config, self.models)
         self.persistence.register_slot(NFL_SLOT, self.nfl.save, self.nfl.load)
         if self.clusters.enabled:
@@ -297,7 +299,10 @@ class Coordinator:
             if isinstance(agg, UpdateBuffer):  # DistFL: cluster, then aggregate per cluster
                 result = await self.clusters.aggregate(agg, round_)
             else:
+                crafted = (await asyncio.to_thread(self.harness.apply, agg, self.state, round_)
+                           if self.harness.enabled else {})
                 result = await self.finalizer.aggregate(agg, round_)
+                result.metrics.update(crafted)
         except ValueError as e:  # the rule cannot work with what arrived: re-run the round
             self.log.warning("round.aggregation_failed", round=round_, reason=str(e))
             self.observe(rm.AggregationFailed(round_, str(e), self.clock()))

@@ -79,6 +79,7 @@ def build_report(log: RoundLog, state: rm.RoundState, reason: str, central: floa
     return RoundReport(
         round=log.round, attempt=log.attempt, selected=log.selected, accepted=len(reports),
         rejected=state.rejected_in_round, late_total=state.late_total,
+        attackers=len(attackers),
         mean_train_loss=(sum(r.train_loss * r.num_samples for r in reports.values()) / n_total
                          if n_total else NAN),
         mean_test_accuracy=mean(list(acc.values())),

@@ -272,6 +272,23 @@ class BufferedAggregator:
         self._accepted.append(i)
         self._count += 1
 
+    def replace_row(self, i: int, update: torch.Tensor) -> None:
+        """Put ``update`` in filled row ``i`` instead of what it holds (the full-knowledge test harness's crafted
+        row), validated and clipped like an upload; its weight and key stay. ValueError for a bad update."""
+        if not 0 <= i < self._count:
+            raise ValueError(f"row {i} is not a filled row (0..{self._count - 1})")
+        norm, reason = self._pipeline.validate.check(update)
+        if reason is not None:
+            raise ValueError(reason)
+        row = self._buffer[i]
+        row.copy_(update)
+        self._scales[i] = self._pipeline.clip.apply_(row, norm)
+        self._norms[i] = norm
+
+    def canonical_order(self) -> None:
+        """Put the filled rows in canonical (key) order now; :meth:`finalize` does it anyway."""
+        self._canonical_order()
+
     def _canonical_order(self) -> None:
         """Permute the filled rows (and their per-row data) in place into key order (stable)."""
         n = self._count

@@ -1,5 +1,17 @@
-"""Simulated attacks: data poisoning by attacker clients (label flipping, backdoor)."""
+"""Simulated attacks: data poisoning (label flipping, backdoor) and model poisoning (model replacement, Stat-Opt,
+Dyn-Opt) by attacker clients, and the full-knowledge test harness."""
 
+from fedcore.attacks.model_poisoning import (
+    MODEL_KINDS,
+    PoisonedUpdate,
+    UpdateContext,
+    craft_rows,
+    dyn_opt,
+    halving_search,
+    model_replacement,
+    poison_update,
+    stat_opt,
+)
 from fedcore.attacks.poisoning import (
     DISTFL_FLIP_PAIRS,
     LINDT_BACKDOOR_PAIRS,
@@ -20,16 +32,25 @@ from fedcore.attacks.poisoning import (
 __all__ = [
     "DISTFL_FLIP_PAIRS",
     "LINDT_BACKDOOR_PAIRS",
+    "MODEL_KINDS",
     "AttackConfig",
     "AttackError",
     "BackdoorBatches",
+    "PoisonedUpdate",
+    "UpdateContext",
     "attacker_local_epochs",
     "backdoor_batches",
     "backdoor_set",
     "clean_batches",
+    "craft_rows",
+    "dyn_opt",
     "flip_labels",
+    "halving_search",
     "label_mapping",
+    "model_replacement",
     "poison_client_data",
+    "poison_update",
     "poisoned_batches",
+    "stat_opt",
     "target_mapping",
 ]

@@ -1,4 +1,6 @@
-"""Data poisoning by simulated attacker clients: label flipping and LINDT's backdoor (SPEC §9).
+"""Attack configuration and data poisoning by simulated attacker clients: label flipping and LINDT's backdoor
+(SPEC §9). Model poisoning (model replacement, Stat-Opt, Dyn-Opt) is in :mod:`fedcore.attacks.model_poisoning`;
+:class:`AttackConfig` holds the options of both.
 
 Pure functions of the client's data, an :class:`AttackConfig` and a seed. Only the attacker's *training* labels
 are poisoned; its test split keeps the true labels, so its Pᵢ and βᵢ stay measurable (experiments report β over
@@ -31,7 +33,9 @@ import torch
 from fedcore.data.base import ClientData
 from fedcore.seeds import ATTACK_EPOCH, derive_seed
 
-KINDS = ("none", "label_flip", "backdoor")
+DATA_KINDS = ("none", "label_flip", "backdoor")
+# Model poisoning (fedcore.attacks.model_poisoning): the attacker crafts the update it sends.
+KINDS = (*DATA_KINDS, "model_replacement", "stat_opt", "dyn_opt")
 FLIPS = ("reverse", "swap", "directed", "all")
 # DistFL §5.5: labels 0-3 and 4-7 flipped mutually.
 DISTFL_FLIP_PAIRS: tuple[tuple[int, int], ...] = ((0, 4), (1, 5), (2, 6), (3, 7))
@@ -60,6 +64,25 @@ class AttackConfig:
     # Attack on NFL detection (FL-GUARD §4.1): report this beta_hat_i with every update instead of the measured
     # one (NaN: report the truth). Combines with any kind, or alone (kind "none").
     fake_beta_hat: float = math.nan
+    # ---- model poisoning (kind model_replacement, stat_opt, dyn_opt; fedcore.attacks.model_poisoning) ----
+    # Where the benign statistics come from: "partial" (the attacker's own honest training on shards of its data)
+    # or "full" (simulation only: the server-side harness [simulation_harness] crafts the row from the round's
+    # benign updates; the client sends its honest update).
+    knowledge: str = "partial"
+    # model_replacement: the malicious update (trained on labels flipped by ``flip``) is multiplied by this.
+    boost: float = 10.0
+    # stat_opt (full knowledge): malicious values between the benign extreme and the extreme scaled by b.
+    stat_b: float = 2.0
+    # dyn_opt: perturbation direction "std" | "sign" | "unit", and the halving search's start and tolerance.
+    dev_type: str = "std"
+    gamma_init: float = 10.0
+    gamma_tol: float = 1e-5
+    # partial knowledge: honest updates on this many disjoint shards of the attacker's data form the benign sample.
+    estimate_shards: int = 4
+    # The server's rule as the adversary assumes it (HYDRA-FL: trimmed mean) and the number of malicious rows it
+    # assumes beside the benign ones (trimmed_mean's trim_m, krum's f).
+    assumed_rule: str = "trimmed_mean"
+    assumed_attackers: int = 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pairs", tuple((int(a), int(b)) for a, b in self.pairs))
@@ -70,18 +93,25 @@ class AttackConfig:
         if not (math.isnan(self.fake_beta_hat) or -1.0 <= self.fake_beta_hat <= 1.0):
             raise AttackError(f"attack.fake_beta_hat: must be in [-1, 1] (or nan: no fabrication), "
                               f"got {self.fake_beta_hat}")
+        if self.kind in ("model_replacement", "stat_opt", "dyn_opt"):
+            from fedcore.attacks.model_poisoning import check_model_attack
+
+            try:
+                check_model_attack(self)
+            except ValueError as e:
+                raise AttackError(str(e)) from None
         if self.local_epochs_override < 0:
             raise AttackError(f"attack.local_epochs_override: must be >= 0, got {self.local_epochs_override}")
         if self.kind == "backdoor" and not 0 < self.poison_per_batch < self.batch_size:
             raise AttackError(f"attack.poison_per_batch: must be in [1, batch_size={self.batch_size}), "
                               f"got {self.poison_per_batch}")
-        if self.kind == "label_flip" and self.flip in ("swap", "directed") and not self.pairs:
+        if self.flips_labels and self.flip in ("swap", "directed") and not self.pairs:
             raise AttackError(f"attack.pairs: flip={self.flip!r} needs at least one (a, b) pair")
-        if self.kind == "label_flip" and self.flip == "swap":
+        if self.flips_labels and self.flip == "swap":
             seen = [c for p in self.pairs for c in p]
             if len(seen) != len(set(seen)):
                 raise AttackError(f"attack.pairs: swapped pairs must be disjoint, got {list(self.pairs)}")
-        if self.kind == "label_flip" and self.flip == "directed":
+        if self.flips_labels and self.flip == "directed":
             sources = [a for a, _ in self.pairs]
             if len(sources) != len(set(sources)):
                 raise AttackError(f"attack.pairs: a source class appears twice in {list(self.pairs)}")
@@ -89,6 +119,17 @@ class AttackConfig:
     @property
     def active(self) -> bool:
         return self.kind != "none" or self.fabricates_beta_hat
+
+    @property
+    def flips_labels(self) -> bool:
+        """Whether the attacker trains on flipped labels: label flipping, and model replacement (whose malicious
+        model is trained on them before it is boosted)."""
+        return self.kind in ("label_flip", "model_replacement")
+
+    @property
+    def poisons_model(self) -> bool:
+        """A model-poisoning attack: the sent update is crafted (fedcore.attacks.model_poisoning)."""
+        return self.kind in ("model_replacement", "stat_opt", "dyn_opt")
 
     @property
     def fabricates_beta_hat(self) -> bool:
@@ -126,7 +167,7 @@ def label_mapping(config: AttackConfig, num_classes: int) -> torch.Tensor:
     For ``backdoor`` it is the backdoor's source -> target map (what ASR measures).
     """
     lut = torch.arange(num_classes, dtype=torch.int64)
-    if config.kind == "none":
+    if not (config.flips_labels or config.kind == "backdoor"):
         return lut
     if config.kind == "backdoor":
         _check_classes([c for p in config.backdoor_pairs for c in p], num_classes, "attack.pairs")
@@ -154,14 +195,14 @@ def target_mapping(config: AttackConfig, num_classes: int) -> dict[int, int]:
 
 def flip_labels(y: torch.Tensor, config: AttackConfig, num_classes: int) -> torch.Tensor:
     """Poisoned copy of ``y`` under the label-flip ``config`` (``y`` is unchanged)."""
-    if config.kind != "label_flip":
+    if not config.flips_labels:
         return y.clone()
     return label_mapping(config, num_classes)[y]
 
 
 def poison_client_data(data: ClientData, config: AttackConfig) -> ClientData:
     """``data`` with its training labels flipped (label flip) or unchanged (none, backdoor: see batches)."""
-    if config.kind != "label_flip":
+    if not config.flips_labels:
         return data
     return ClientData(data.x_train, flip_labels(data.y_train, config, data.num_classes), data.x_test, data.y_test,
                       data.num_classes)
@@ -286,5 +327,5 @@ def poisoned_batches(data: ClientData, config: AttackConfig, batch_size: int, se
     """
     if config.kind == "backdoor":
         return backdoor_batches(data, config, seed, extra).epoch(epoch)
-    y = flip_labels(data.y_train, config, data.num_classes) if config.kind == "label_flip" else data.y_train
+    y = flip_labels(data.y_train, config, data.num_classes) if config.flips_labels else data.y_train
     return clean_batches(data.x_train, y, batch_size, seed, epoch)

@@ -275,7 +275,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds", "client_passes", "clusters", "late_total")
+    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds", "client_passes", "clusters", "late_total", "attackers")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +322,7 @@ class RoundSummary(_message.Message):
     CLIENT_PASSES_FIELD_NUMBER: _ClassVar[int]
     CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     LATE_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ATTACKERS_FIELD_NUMBER: _ClassVar[int]
     round: int
     selected: int
     accepted: int
@@ -354,7 +355,8 @@ class RoundSummary(_message.Message):
     client_passes: float
     clusters: _containers.ScalarMap[str, int]
     late_total: int
-    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ..., client_passes: _Optional[float] = ..., clusters: _Optional[_Mapping[str, int]] = ..., late_total: _Optional[int] = ...) -> None: ...
+    attackers: int
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ..., client_passes: _Optional[float] = ..., clusters: _Optional[_Mapping[str, int]] = ..., late_total: _Optional[int] = ..., attackers: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("federation_id", "round", "num_rounds", "phase", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished", "outcome", "resumed_from", "stopping", "nfl", "distfl")

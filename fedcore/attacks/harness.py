@@ -1,0 +1,79 @@
+"""The full-knowledge adversary: a server-side TEST HARNESS for simulations (HYDRA-FL's threat model, App. C.1).
+
+HYDRA-FL evaluates its defence against an adversary that sees the benign clients' updates of the round. A real
+attacker client cannot, so fedguard simulates it on the server: with ``[simulation_harness]
+full_knowledge_adversary = true`` (off by default; refused with TLS, mutual TLS or enrolled client keys, i.e. in
+any production setting, by :func:`fedcore.config.validate_server_config`) the server, after a round closes and
+before its rule runs, replaces the row of every accepted update from a client that joined as an attacker with a
+row crafted from the round's benign rows (:func:`full_knowledge_rows`). The attacker clients themselves send
+their honest updates (``attack.knowledge = "full"``).
+
+The crafted rows go through the same validation and clipping as any upload; the round's report counts them
+(``metrics["harness_crafted"]``, Dyn-Opt's ``metrics["harness_gamma"]``). Randomness (Stat-Opt's sampling) comes
+from a generator seeded with ``derive_seed(federation seed, round, "harness")`` and the attackers' ids, so a
+re-run crafts the same rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from fedcore.aggregation.rules import Rule
+from fedcore.attacks.model_poisoning import craft_rows
+from fedcore.attacks.poisoning import AttackConfig
+from fedcore.seeds import derive_seed
+
+HARNESS_KINDS = ("stat_opt", "dyn_opt")
+
+
+@dataclass
+class SimulationHarnessConfig:
+    """``[simulation_harness]``: SIMULATION ONLY. ``full_knowledge_adversary`` turns the server-side adversary on;
+    ``attack`` is what it crafts (kind stat_opt or dyn_opt and their options; ``knowledge`` must be "full")."""
+
+    full_knowledge_adversary: bool = False
+    attack: AttackConfig = field(default_factory=lambda: AttackConfig(kind="dyn_opt", knowledge="full"))
+
+    def validate(self, prefix: str = "simulation_harness.") -> SimulationHarnessConfig:
+        if self.full_knowledge_adversary:
+            if self.attack.kind not in HARNESS_KINDS:
+                raise ValueError(f"{prefix}attack.kind: the full-knowledge adversary crafts "
+                                 f"{' or '.join(HARNESS_KINDS)}, got {self.attack.kind!r}")
+            if self.attack.knowledge != "full":
+                raise ValueError(f"{prefix}attack.knowledge: must be 'full' for the server-side adversary, got "
+                                 f"{self.attack.knowledge!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class HarnessRows:
+    """The crafted rows, one per attacker position of the input, and the numbers the round reports."""
+
+    positions: tuple[int, ...]
+    rows: torch.Tensor  # [len(positions), P]
+    gamma: float = math.nan
+
+
+def harness_seed(federation_seed: int, round_: int, attacker_keys: Sequence[str]) -> int:
+    return derive_seed(federation_seed, round_, "harness", *sorted(attacker_keys))
+
+
+def full_knowledge_rows(rows: torch.Tensor, keys: Sequence[str], attackers: set[str], attack: AttackConfig,
+                        rule: Rule, seed: int) -> HarnessRows | None:
+    """Crafted rows for the attackers among ``keys`` (row i is ``keys[i]``'s update), from the benign rows, against
+    ``rule`` (the server's); ``None`` when the round has no attacker or no benign update to learn from."""
+    if rows.shape[0] != len(keys):
+        raise ValueError(f"{rows.shape[0]} rows for {len(keys)} keys")
+    positions = tuple(i for i, k in enumerate(keys) if k in attackers)
+    benign_idx = [i for i, k in enumerate(keys) if k not in attackers]
+    if not positions or not benign_idx:
+        return None
+    benign = rows.index_select(0, torch.tensor(benign_idx, dtype=torch.long))
+    g = torch.Generator().manual_seed(int(seed))
+    crafted = craft_rows(attack.kind, benign, len(positions), rule, g, knowledge="full", b=attack.stat_b,
+                         dev_type=attack.dev_type, gamma_init=attack.gamma_init, tol=attack.gamma_tol)
+    return HarnessRows(positions, crafted.rows, crafted.gamma)
