@@ -53,7 +53,7 @@ COLUMNS = ("round", "selected", "accepted", "rejected", "late", "abandoned", "tr
 _WIDTHS = (5, 8, 8, 8, 4, 9, 10, 8, 8, 7, 7, 5, 12, 8, 8)
 LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_epochs", "rounds", "k", "trainer",
                "device", "holdouts"}
-TRAINER_CHOICES = ("flguard", "lindt", "ditto", "apfl", "ft", "fb", "vanilla", "noop")
+TRAINER_CHOICES = ("flguard", "lindt", "ditto", "apfl", "ft", "fb", "fedntd", "moon", "hydra", "vanilla", "noop")
 
 
 def _free_port() -> int:
@@ -499,7 +499,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nfl-mode", choices=["detect-and-recover", "always-recover", "off"],
                     help="the server's [nfl] mode (default: the config's, else detect-and-recover)")
     ap.add_argument("--attackers", type=float, help="fraction of clients that attack (default 0)")
-    ap.add_argument("--attack", help="attack kind: label_flip or backdoor (options via the experiment file)")
+    ap.add_argument("--attack", help="attack kind: label_flip, backdoor (data poisoning), model_replacement, "
+                                     "stat_opt, dyn_opt (model poisoning); options via the experiment file's "
+                                     "[launch.attack] table")
+    ap.add_argument("--knowledge", choices=["partial", "full"],
+                    help="model poisoning: attackers estimate the benign statistics from their own data "
+                         "(partial, default) or, SIMULATION ONLY, the server-side test harness crafts their "
+                         "updates from the round's benign ones (full; needs --insecure)")
     ap.add_argument("--private-epochs", type=int,
                     help="clients train a private model this long first, so beta = V_i - P_i is reported")
     sim = ap.add_argument_group("device simulation (seeded by --seed; fedcore.simulation)")
@@ -574,7 +580,19 @@ def main(argv: list[str] | None = None) -> int:
     attack = dict(launch_opts.get("attack", {}))
     if args.attack:
         attack["kind"] = args.attack
+    if args.knowledge:
+        attack["knowledge"] = args.knowledge
     args.attack = attack
+    if attack.get("knowledge") == "full":
+        if not args.insecure:
+            print("launch: --knowledge full turns on the server's full-knowledge test harness, a simulation "
+                  "option refused with (mutual) TLS: add --insecure", file=sys.stderr)
+            return 2
+        from fedcore.config import toml_literal
+
+        # The harness crafts what the attackers would: the same attack table, on the server.
+        args.server_set = [*args.server_set, "simulation_harness.full_knowledge_adversary=true",
+                           *(f"simulation_harness.attack.{k}={toml_literal(v)}" for k, v in attack.items())]
     if (args.clients < 1 or (args.rounds is not None and args.rounds < 1) or not 0 <= args.attackers <= 1
             or not 0 <= args.holdouts <= 1):
         print("launch: need --clients >= 1, --rounds >= 1, 0 <= --attackers <= 1 and 0 <= --holdouts <= 1",

@@ -13,11 +13,14 @@ layer-wise dual model can mix the outputs of layer m of two models and feed the 
 - ``har_cnn``: small 1-D CNN with BatchNorm for 6-channel HAR windows.
 - ``mnist_mlp``, ``mnist_cnn``, ``mnist_cnn_bn``: MNIST MLP (McMahan et al.'s 2NN) and a small CNN without/with BN.
 - ``mlp_bn``: an MLP with BatchNorm1d after each hidden layer, for DistFL on flat features (``synthetic``).
+- ``hydra_ntd_cnn`` / ``fedntd_cnn``: FedNTD's CNN with / without HYDRA-FL's shallow heads (:class:`HydraModel`).
+- ``moon_cnn``: MOON's CNN with a 256-d projection head, with HYDRA-FL's shallow heads (``heads=False``: without).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -288,3 +291,177 @@ def mnist_cnn_bn(num_classes: int = 10, in_channels: int = 1, image_size: int = 
                  channels: Sequence[int] = (16, 32), hidden: int = 128) -> BlockModel:
     """:func:`mnist_cnn` with BatchNorm after each conv (bias-free convs), for DistFL on MNIST."""
     return _mnist_cnn(num_classes, in_channels, image_size, channels, hidden, bn=True)
+
+
+# ---- HYDRA-FL (FedNTD, MOON) ----
+
+@dataclass(frozen=True)
+class KDOutputs:
+    """What :meth:`HydraModel.kd_forward` computes in one pass.
+
+    - ``logits``: the model's output, the same tensor ``forward`` would compute (the same operations).
+    - ``representation``: the input of the last block (MOON's projection output z, FedNTD's penultimate features).
+    - ``head_logits[i]`` / ``head_hidden[i]``: auxiliary head i's logits and its hidden representation (the output
+      of its hidden part, HYDRA-FL Eq. 10's z_aux), for the heads asked for.
+    """
+
+    logits: torch.Tensor
+    representation: torch.Tensor
+    head_logits: dict[int, torch.Tensor]
+    head_hidden: dict[int, torch.Tensor]
+
+
+def aux_head(in_features: int, hidden: int, num_classes: int) -> nn.Sequential:
+    """A HYDRA-FL auxiliary (shallow) classifier: ``Sequential(hidden part, classifier)`` with hidden part =
+    Flatten → Linear(in_features, hidden) → ReLU and classifier = Linear(hidden, num_classes) (HYDRA-FL §4.2)."""
+    return nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU()),
+                         nn.Linear(hidden, num_classes))
+
+
+class HydraModel(BlockModel):
+    """A :class:`BlockModel` with auxiliary shallow classifiers (HYDRA-FL §4, Fig. 4).
+
+    ``forward(x)`` is the block model's (the logits only; the heads are not used), so every other part of the
+    framework treats it as the plain model. ``heads[i]`` (an ``nn.ModuleList`` of :func:`aux_head`) reads the
+    output of block ``head_after[i]``; the heads' parameters are ordinary parameters (in ``state_dict``), so they
+    are uploaded and aggregated like the rest. :meth:`kd_forward` runs the blocks once and also returns the
+    representation fed to the last block and the heads' outputs. ``representation_size`` is the width of that
+    representation. A block that follows a head's input block must not modify its input in place (none here does).
+    """
+
+    def __init__(self, blocks: Sequence[nn.Module], input_shape: tuple[int, ...], representation_size: int,
+                 heads: Sequence[nn.Sequential] = (), head_after: Sequence[int] = (),
+                 input_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(blocks, input_shape, input_dtype)
+        if len(heads) != len(head_after):
+            raise ValueError(f"HydraModel: {len(heads)} heads but {len(head_after)} head_after positions")
+        for head in heads:
+            if not (isinstance(head, nn.Sequential) and len(head) == 2 and isinstance(head[1], nn.Linear)):
+                raise ValueError("HydraModel: a head must be Sequential(hidden part, nn.Linear classifier) "
+                                 "(fedcore.models.zoo.aux_head)")
+        for i in head_after:
+            if not 0 <= int(i) < len(blocks) - 1:
+                raise ValueError(f"HydraModel: head_after {i} must be a block index in [0, {len(blocks) - 1})")
+        self.heads = nn.ModuleList(heads)
+        self.head_after: tuple[int, ...] = tuple(int(i) for i in head_after)
+        self.representation_size = int(representation_size)
+
+    def head(self, i: int) -> tuple[nn.Module, nn.Linear]:
+        """Head ``i``'s hidden part and classifier."""
+        head = self.heads[i]
+        assert isinstance(head, nn.Sequential)  # checked by __init__
+        hidden, classifier = head[0], head[1]
+        assert isinstance(classifier, nn.Linear)
+        return hidden, classifier
+
+    def head_hidden_size(self, i: int) -> int:
+        """The width of head ``i``'s hidden representation (its classifier's input)."""
+        return int(self.head(i)[1].in_features)
+
+    def kd_forward(self, x: torch.Tensor, heads: Sequence[int] | None = None) -> KDOutputs:
+        """Logits, representation and the outputs of the heads ``heads`` (default: all; ``()``: none) in one pass.
+
+        The blocks run exactly as in ``forward`` (same operations in the same order), so ``logits`` are
+        bit-identical to ``forward(x)``'s; each head is applied to its block's output as soon as it exists."""
+        wanted = range(len(self.heads)) if heads is None else heads
+        after: dict[int, list[int]] = {}
+        for h in wanted:
+            if not 0 <= h < len(self.heads):
+                raise IndexError(f"kd_forward: head {h} does not exist (the model has {len(self.heads)})")
+            after.setdefault(self.head_after[h], []).append(h)
+        head_logits: dict[int, torch.Tensor] = {}
+        head_hidden: dict[int, torch.Tensor] = {}
+        last = len(self.blocks) - 1
+        representation = x
+        for i, block in enumerate(self.blocks):
+            if i == last:
+                representation = x
+            x = block(x)
+            for h in after.get(i, ()):
+                hidden_part, classifier = self.head(h)
+                hidden = hidden_part(x)
+                head_hidden[h] = hidden
+                head_logits[h] = classifier(hidden)
+        return KDOutputs(x, representation, head_logits, head_hidden)
+
+
+def _flat_size(model_blocks: Sequence[nn.Module], input_shape: tuple[int, ...], upto: int) -> int:
+    """The flattened size of block ``upto``'s output for one input of ``input_shape`` (shape inference on a zero
+    batch of 1, without gradient; the blocks hold no state a forward pass changes: no BatchNorm here)."""
+    with torch.no_grad():
+        h = torch.zeros((1, *input_shape))
+        for block in list(model_blocks)[: upto + 1]:
+            h = block(h)
+    return int(h[0].numel())
+
+
+def _hydra(blocks: list[nn.Module], input_shape: tuple[int, ...], representation_size: int, heads: bool,
+           head_after: Sequence[int], hidden: int, num_classes: int) -> HydraModel:
+    aux = [aux_head(_flat_size(blocks, input_shape, i), hidden, num_classes) for i in head_after] if heads else []
+    return HydraModel(blocks, input_shape, representation_size, aux, tuple(head_after) if heads else ())
+
+
+def _check_two_pools(name: str, image_size: int, k: int, padding: int) -> int:
+    side = _conv_out(_conv_out(image_size, k, padding) // 2, k, padding) // 2
+    if side < 1:
+        raise ValueError(f"{name}: image_size {image_size} is too small for two {k}x{k} conv + pool stages")
+    return side
+
+
+def _ntd_cnn(num_classes: int, in_channels: int, image_size: int, heads: bool) -> HydraModel:
+    side = _check_two_pools("hydra_ntd_cnn", image_size, 5, 2)
+    blocks: list[nn.Module] = [
+        _conv_block(in_channels, 32, 5, pool=True, bn=False, padding=2),
+        _conv_block(32, 64, 5, pool=True, bn=False, padding=2),
+        _linear_block(64 * side * side, 512, flatten=True),
+        nn.Linear(512, num_classes),
+    ]
+    return _hydra(blocks, (in_channels, image_size, image_size), 512, heads, (0, 1), 512, num_classes)
+
+
+@register_model("hydra_ntd_cnn")
+def hydra_ntd_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 28, heads: bool = True) -> HydraModel:
+    """FedNTD's CNN (McMahan et al.'s MNIST CNN; HYDRA-FL §4.2, App. D) with HYDRA-FL's shallow heads.
+
+    Blocks: conv in→32 5x5 pad 2, ReLU, max-pool 2; conv 32→64 5x5 pad 2, ReLU, max-pool 2; flatten, fc →512,
+    ReLU; fc 512→C. Representation (input of the last block): the 512 penultimate features. With ``heads`` one
+    auxiliary classifier after each conv block (``head_after = (0, 1)``): flatten → fc 512 → ReLU → fc C.
+
+    Parameters (C = 10): MNIST 1x28x28: 1,663,370 without heads, 6,491,550 with heads (head 0: 3,216,906,
+    head 1: 1,611,274); CIFAR 3x32x32: 2,156,490 without, 8,459,230 with (head 0: 4,199,946, head 1: 2,102,794).
+    """
+    return _ntd_cnn(num_classes, in_channels, image_size, heads)
+
+
+@register_model("fedntd_cnn")
+def fedntd_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> HydraModel:
+    """FedNTD's plain CNN: :func:`hydra_ntd_cnn` without heads (MNIST 1,663,370, CIFAR 2,156,490 parameters)."""
+    return _ntd_cnn(num_classes, in_channels, image_size, heads=False)
+
+
+@register_model("moon_cnn")
+def moon_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 28, heads: bool = True,
+             projection_size: int = 256) -> HydraModel:
+    """MOON's CNN (MOON's CIFAR-10 base encoder + projection head; HYDRA-FL App. D) with HYDRA-FL's shallow heads.
+
+    Blocks: conv in→6 5x5, ReLU, max-pool 2; conv 6→16 5x5, ReLU, max-pool 2; flatten, fc →120, ReLU; fc 120→84,
+    ReLU; projection fc 84→84, ReLU, fc 84→256 (one block); classifier fc 256→C. Representation: the projection
+    output z (256). With ``heads`` (HYDRA-MOON, §4.2) one auxiliary classifier after each conv block: flatten → fc
+    256 → ReLU → fc C, whose hidden representation (256 = the projection size) is the shallow contrastive anchor.
+    ``heads=False`` gives the plain MOON CNN.
+
+    Defaults: MNIST 1x28x28 (HYDRA-FL's MOON experiments, App. D; MOON's CIFAR-10 model: ``in_channels=3,
+    image_size=32``). Parameters (C = 10): MNIST 75,046 without heads, 367,418 with heads (head 0: 224,010,
+    head 1: 68,362); CIFAR 3x32x32: 92,626 without, 501,734 with (head 0: 303,882, head 1: 105,226).
+    """
+    side = _check_two_pools("moon_cnn", image_size, 5, 0)
+    blocks: list[nn.Module] = [
+        _conv_block(in_channels, 6, 5, pool=True, bn=False),
+        _conv_block(6, 16, 5, pool=True, bn=False),
+        _linear_block(16 * side * side, 120, flatten=True),
+        _linear_block(120, 84),
+        nn.Sequential(nn.Linear(84, 84), nn.ReLU(inplace=True), nn.Linear(84, projection_size)),
+        nn.Linear(projection_size, num_classes),
+    ]
+    return _hydra(blocks, (in_channels, image_size, image_size), projection_size, heads, (0, 1), projection_size,
+                  num_classes)

@@ -264,9 +264,14 @@ def deterministic_dropout(model: nn.Module, seed: int) -> Iterator[None]:
                 m.forward = previous
 
 
+# A per-batch training loss: objective(model, xb, yb) -> 0-d tensor (see train_local's ``objective``).
+Objective = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainingConfig,
                 learning_rate: float | None = None, seed: int = 0, epochs: int | None = None,
-                batches: Batches | None = None, dropout_seed: int | None = None) -> TrainResult:
+                batches: Batches | None = None, dropout_seed: int | None = None, *,
+                objective: Objective | None = None) -> TrainResult:
     """``epochs`` (default ``config.local_epochs``) epochs of mini-batch SGD; returns the mean training loss.
 
     Batches come from ``batches(epoch)`` when given (e.g. an attacker's poisoned stream), else from a shuffle of
@@ -275,6 +280,12 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Trai
     result does not depend on other threads; a model that would draw from the global RNG anyway is refused
     with :class:`NondeterministicModuleError`. With ``config.prox_mu > 0`` adds FedProx's
     (mu/2)·‖w − w_start‖² against the weights the call started from.
+
+    ``objective(model, xb, yb)``, when given, is the per-batch loss instead of ``F.cross_entropy(model(xb), yb)``
+    (the knowledge-distillation trainers of :mod:`fedcore.train.kd`); it is called on the batch already moved to
+    the model's device, inside the dropout context, and the FedProx term is still added to it. With ``None`` the
+    loop is exactly the plain one (the same operations, so bit-identical results). The returned mean loss is the
+    mean of the objective (plus FedProx term) over the steps.
     """
     lr = config.learning_rate if learning_rate is None else learning_rate
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
@@ -290,7 +301,7 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Trai
             for xb_, yb_ in source(e):
                 xb, yb = xb_.to(dev, non_blocking=True), yb_.to(dev, non_blocking=True)
                 opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(xb), yb)
+                loss = F.cross_entropy(model(xb), yb) if objective is None else objective(model, xb, yb)
                 if anchor:
                     prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor, strict=True))
                     loss = loss + 0.5 * config.prox_mu * prox

@@ -14,6 +14,8 @@ Trainers (:data:`TRAINERS`, built with :func:`make_trainer`):
   global model w_iʳ, on the same batches, while w_iʳ's trajectory stays bit-identical to ``train_local``'s for the
   same seeds, so the update sent to the server does not change (FL-GUARD §4.3: "activating the model adaptation
   will not change the results of learning the global model").
+- ``"fedntd"``, ``"moon"``, ``"hydra"``: knowledge-distillation objectives (FedNTD, MOON, HYDRA-FL; SPEC §10) in
+  :mod:`fedcore.train.kd`, registered here by name; no recovery method (``recovery`` changes nothing).
 
 Also here: FL-GUARD's estimated performance gain β̂ᵢ (Eq. 3, :func:`beta_hat`) on the round's first training batch
 (:func:`first_batch`), and the adaptation weight λ (Eq. 6–8, :func:`lambda_weight`).
@@ -43,6 +45,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedcore.config import ConfigError, TrainingConfig, from_dict
+from fedcore.models.zoo import HydraModel
 from fedcore.registry import Registry
 from fedcore.seeds import RoundSeeds, derive_seed
 from fedcore.serialization import SerializationError, load_state, save_state
@@ -61,6 +64,8 @@ ADAPT_DROPOUT = "adapt_dropout"
 TRAINER_STATE_FILE = "trainer_state.fgt"
 _STATE_FORMAT = "fedguard.trainer_state"
 _STATE_VERSION = 1
+# Tensor-name prefix of the kept models' tensors in a trainer state file: kept/<name>/<state-dict key>.
+_KEPT_PREFIX = "kept/"
 # Guard of Eq. 7's denominator: a zero gradient gives grad_div = 0 (σ = 1/2) instead of 0/0.
 _GRAD_NORM_EPS = 1e-12
 
@@ -80,6 +85,8 @@ class TrainerState:
     - ``metrics``: the last round's adaptation statistics (``adapt_loss``, ``adapt_ce``, ``lambda_mean``,
       ``lambda_min``, ``lambda_max``, ``adapt_steps``, ``adapt_diverged``), empty for a round without adaptation.
     - ``scalars``: a trainer's own numbers carried across rounds (e.g. APFL's mixing weight α), persisted.
+    - ``kept``: state dicts (CPU tensors) a trainer keeps across rounds that are not the inference model, by name,
+      e.g. MOON's previous local model (``kept["previous"]``, :mod:`fedcore.train.kd`), persisted.
     """
 
     adapted: dict[str, torch.Tensor] | None = None
@@ -88,6 +95,7 @@ class TrainerState:
     rounds_adapted: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     scalars: dict[str, float] = field(default_factory=dict)
+    kept: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 class TrainerStateError(ValueError):
@@ -97,7 +105,9 @@ class TrainerStateError(ValueError):
 def save_trainer_state(state_dir: str | os.PathLike[str], state: TrainerState) -> Path:
     """Write ``state`` to ``state_dir/trainer_state.fgt`` atomically (fedguard tensor file, no pickle).
 
-    The tensors are vᵢ's (none when there is no adapted model); the rest is JSON in the file header's extra."""
+    The tensors are vᵢ's under their state-dict keys (none when there is no adapted model) and each kept model's
+    under ``kept/<name>/<key>``; the rest is JSON in the file header's extra (``kept``: name -> its keys in order).
+    """
     path = Path(state_dir) / TRAINER_STATE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     extra: dict[str, object] = {
@@ -111,6 +121,16 @@ def save_trainer_state(state_dir: str | os.PathLike[str], state: TrainerState) -
         "scalars": {k: float(v) for k, v in state.scalars.items()},
     }
     tensors = {k: v.detach().cpu() for k, v in (state.adapted or {}).items()}
+    if state.kept:
+        extra["kept"] = {name: list(sd) for name, sd in state.kept.items()}
+        for name, sd in state.kept.items():
+            if not name or "/" in name:
+                raise ValueError(f"kept model name {name!r}: must be non-empty and contain no '/'")
+            for k, v in sd.items():
+                key = f"{_KEPT_PREFIX}{name}/{k}"
+                if key in tensors:
+                    raise ValueError(f"kept model {name!r}: tensor name {key!r} collides with an adapted-model key")
+                tensors[key] = v.detach().cpu()
     save_state(path, tensors, extra)
     return path
 
@@ -135,29 +155,45 @@ def load_trainer_state(state_dir: str | os.PathLike[str]) -> TrainerState | None
     has_adapted, active = extra.get("has_adapted"), extra.get("active")
     frozen, rounds, metrics = extra.get("frozen_keys"), extra.get("rounds_adapted"), extra.get("metrics")
     scalars = extra.get("scalars", {})  # absent in files written before trainers had scalars
+    kept_keys = extra.get("kept", {})  # absent in files written before trainers kept models
     if not (isinstance(has_adapted, bool) and isinstance(active, bool) and isinstance(rounds, int)
             and isinstance(frozen, list) and all(isinstance(k, str) for k in frozen)
             and isinstance(metrics, dict) and all(isinstance(v, (int, float)) for v in metrics.values())
-            and isinstance(scalars, dict) and all(isinstance(v, (int, float)) for v in scalars.values())):
+            and isinstance(scalars, dict) and all(isinstance(v, (int, float)) for v in scalars.values())
+            and isinstance(kept_keys, dict)
+            and all(isinstance(n, str) and n and "/" not in n and isinstance(ks, list)
+                    and all(isinstance(k, str) for k in ks) for n, ks in kept_keys.items())):
         raise TrainerStateError(f"{path}: corrupt trainer state metadata")
-    if not has_adapted and tensors:
-        raise TrainerStateError(f"{path}: corrupt trainer state (tensors without an adapted model)")
     # load_state's tensors view one shared buffer: give each its own storage.
-    adapted = {k: v.clone() for k, v in tensors.items()} if has_adapted else None
+    rest = dict(tensors)
+    kept: dict[str, dict[str, torch.Tensor]] = {}
+    for name, keys in kept_keys.items():
+        sd: dict[str, torch.Tensor] = {}
+        for k in keys:
+            t = rest.pop(f"{_KEPT_PREFIX}{name}/{k}", None)
+            if t is None:
+                raise TrainerStateError(f"{path}: corrupt trainer state (kept model {name!r} lacks tensor {k!r})")
+            sd[k] = t.clone()
+        kept[name] = sd
+    if not has_adapted and rest:
+        raise TrainerStateError(f"{path}: corrupt trainer state (tensors without an adapted model)")
+    adapted = {k: v.clone() for k, v in rest.items()} if has_adapted else None
     return TrainerState(adapted=adapted, active=active, frozen_keys=tuple(frozen), rounds_adapted=rounds,
                         metrics={str(k): float(v) for k, v in metrics.items()},
-                        scalars={str(k): float(v) for k, v in scalars.items()})
+                        scalars={str(k): float(v) for k, v in scalars.items()}, kept=kept)
 
 
-def _check_adapted_matches(adapted: Mapping[str, torch.Tensor], model: nn.Module) -> None:
+def _check_adapted_matches(adapted: Mapping[str, torch.Tensor], model: nn.Module, what: str = "adapted model") -> None:
+    """:class:`TrainerStateError` unless ``adapted`` has ``model``'s state-dict keys (in order), shapes and dtypes;
+    ``what`` names the saved model in the message."""
     ref = model.state_dict()
     if list(adapted) != list(ref):
         missing, unexpected = sorted(set(ref) - set(adapted)), sorted(set(adapted) - set(ref))
-        raise TrainerStateError(f"the saved adapted model does not fit this model: missing {missing[:5]}, "
+        raise TrainerStateError(f"the saved {what} does not fit this model: missing {missing[:5]}, "
                                 f"unexpected {unexpected[:5]} (delete {TRAINER_STATE_FILE} to start over)")
     for k, t in ref.items():
         if tuple(adapted[k].shape) != tuple(t.shape) or adapted[k].dtype != t.dtype:
-            raise TrainerStateError(f"the saved adapted model does not fit this model: {k} is "
+            raise TrainerStateError(f"the saved {what} does not fit this model: {k} is "
                                     f"{adapted[k].dtype}{tuple(adapted[k].shape)}, the model has "
                                     f"{t.dtype}{tuple(t.shape)} (delete {TRAINER_STATE_FILE} to start over)")
 
@@ -282,8 +318,11 @@ def parameterised_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     child: ``Linear``, ``Conv2d``, ``BatchNorm2d``, ``Embedding``, ``LSTM`` ...), in ``named_modules()`` order,
     i.e. registration order, which is input-to-output order for ``nn.Sequential`` and the zoo's ``BlockModel``.
     A module with parameters of its own *and* children counts as one layer for its own parameters. A shared
-    module counts once."""
-    return [(name, m) for name, m in model.named_modules() if next(m.parameters(recurse=False), None) is not None]
+    module counts once. The auxiliary heads of a :class:`~fedcore.models.zoo.HydraModel` (``heads.*``) are not on
+    the inference path and are not layers here (so FB's top layer is the classifier, not a head)."""
+    aux = "heads." if isinstance(model, HydraModel) else None
+    return [(name, m) for name, m in model.named_modules()
+            if next(m.parameters(recurse=False), None) is not None and not (aux and name.startswith(aux))]
 
 
 def frozen_layer_keys(model: nn.Module, l_fb: int) -> tuple[str, ...]:
@@ -595,6 +634,8 @@ def _deferred(module: str, name: str) -> TrainerFactory:
     return factory
 
 
-for _module, _names in (("fedcore.train.personal", ("ditto", "apfl", "ft", "fb")), ("fedcore.train.lindt", ("lindt",))):
+# The knowledge-distillation trainers (FedNTD, MOON, HYDRA-FL) live in fedcore.train.kd.
+for _module, _names in (("fedcore.train.personal", ("ditto", "apfl", "ft", "fb")), ("fedcore.train.lindt", ("lindt",)),
+                        ("fedcore.train.kd", ("fedntd", "moon", "hydra"))):
     for _name in _names:
         TRAINERS.add(_name, _deferred(_module, _name))

@@ -215,9 +215,11 @@ def test_parameterised_layers_and_frozen_keys() -> None:
     with pytest.raises(ConfigError, match="vanilla' takes no options"):
         make_trainer("vanilla", {"l_fb": 1})
     with pytest.raises(ValueError,
-                       match="unknown trainer 'lindt2'; known: apfl, ditto, fb, flguard, ft, lindt, noop, vanilla"):
+                       match="unknown trainer 'lindt2'; known: apfl, ditto, fb, fedntd, flguard, ft, hydra, lindt, "
+                             "moon, noop, vanilla"):
         make_trainer("lindt2")
-    assert TRAINERS.names() == ["apfl", "ditto", "fb", "flguard", "ft", "lindt", "noop", "vanilla"]
+    assert TRAINERS.names() == ["apfl", "ditto", "fb", "fedntd", "flguard", "ft", "hydra", "lindt", "moon", "noop",
+                               "vanilla"]
 
 
 def test_frozen_layers_follow_the_global_copy_and_the_others_adapt() -> None:

@@ -1,0 +1,176 @@
+"""HYDRA-FL acceptance experiment (issue 14): KD objectives with and without model poisoning, as real federations.
+
+    python tools/kd_experiment.py run --scenario ntd [--arms fedavg fedntd hydra] [--rounds 20] [--epochs 2]
+    python tools/kd_experiment.py run --scenario moon [--arms moon hydra_moon]
+    python tools/kd_experiment.py run --scenario rules            # the attacks against trimmed mean / median / Krum
+    python tools/kd_experiment.py summarize runs/kd_exp --md docs/results/hydra_acceptance.md
+
+``run`` launches, per arm and attack setting, one federation with ``fedguard-launch --config <scenario config>``
+(a real fedserver and virtual fedclient processes on loopback, plaintext because the attack arms use the
+full-knowledge test harness) in ``OUT/<scenario>-<arm>-<attack>-s<seed>/``:
+
+- ``ntd`` (``configs/hydra_mnist_ntd.toml``, HYDRA-FL Table 1): 100 clients, 10 per round, Dirichlet(0.1) MNIST,
+  trimmed mean; arms ``fedavg`` (vanilla), ``fedntd`` (τ = 1, β = 1), ``hydra`` (FedNTD base, b = 1, γ = 2); the
+  attack is Dyn-Opt from 20% of the clients.
+- ``moon`` (``configs/hydra_mnist_moon.toml``, HYDRA-FL Table 2): 10 clients, all per round; arms ``fedavg``,
+  ``moon`` (μ = 1), ``hydra_moon`` (MOON base); the attack is Stat-Opt from 20% of the clients.
+- ``rules``: FedAvg on the ntd setting under no attack, Stat-Opt and Dyn-Opt against trimmed mean, median and Krum
+  (f = 2).
+
+A run stopped at ``--timeout`` keeps its completed rounds and resumes from them when the command is run again.
+``summarize`` prints per run the global model's accuracy on the pooled test splits (``central``), at the last
+round and averaged over the last 5 rounds, the accuracy drop under attack, and the harness's crafted rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.runs import child_env, finished, finite_mean, fmt, read_rows  # noqa: E402
+
+CONFIGS = {"ntd": "configs/hydra_mnist_ntd.toml", "moon": "configs/hydra_mnist_moon.toml",
+           "rules": "configs/hydra_mnist_ntd.toml"}
+# Arm -> the server's announced trainer (recovery.method and options).
+ARMS: dict[str, list[str]] = {
+    "fedavg": ["recovery.method=\"vanilla\""],
+    "fedntd": ["recovery.method=\"fedntd\"", "recovery.options={tau = 1.0, beta = 1.0}"],
+    "hydra": ["recovery.method=\"hydra\"",
+              "recovery.options={base = \"fedntd\", tau = 1.0, beta = 1.0, b = 1.0, gamma = 2.0}"],
+    "moon": ["recovery.method=\"moon\"", "recovery.options={mu = 1.0, temperature = 0.5}"],
+    "hydra_moon": ["recovery.method=\"hydra\"", "recovery.options={base = \"moon\", temperature = 0.5}"],
+}
+DEFAULT_ARMS = {"ntd": ["fedavg", "fedntd", "hydra"], "moon": ["fedavg", "moon", "hydra_moon"],
+                "rules": ["fedavg"]}
+# HYDRA-FL App. C.2: Dyn-Opt for FedNTD, Stat-Opt for MOON.
+SCENARIO_ATTACK = {"ntd": "dyn_opt", "moon": "stat_opt"}
+RULES = {"trimmed_mean": ["aggregation.rule=\"trimmed_mean\"", "aggregation.trim_m=2"],
+         "median": ["aggregation.rule=\"median\""],
+         "krum": ["aggregation.rule=\"krum\"", "aggregation.krum_f=2"]}
+ATTACKERS = 0.2
+
+
+def plan(scenario: str, arms: list[str]) -> list[tuple[str, list[str]]]:
+    """(run name, extra launcher arguments) of every run of ``scenario``."""
+    runs: list[tuple[str, list[str]]] = []
+    if scenario == "rules":
+        for rule, rule_set in RULES.items():
+            for attack in ("none", "stat_opt", "dyn_opt"):
+                extra = [a for s in [*ARMS["fedavg"], *rule_set] for a in ("--server-set", s)]
+                runs.append((f"rules-{rule}-{attack}", extra + _attack_args(attack)))
+        return runs
+    for arm in arms:
+        for attack in ("none", SCENARIO_ATTACK[scenario]):
+            extra = [a for s in ARMS[arm] for a in ("--server-set", s)]
+            runs.append((f"{scenario}-{arm}-{attack}", extra + _attack_args(attack)))
+    return runs
+
+
+def _attack_args(attack: str) -> list[str]:
+    if attack == "none":
+        return []
+    return ["--attack", attack, "--attackers", str(ATTACKERS), "--knowledge", "full"]
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = child_env()
+    arms = args.arms or DEFAULT_ARMS[args.scenario]
+    for seed in args.seeds:
+        for name, extra in plan(args.scenario, arms):
+            if args.only and not any(o in name for o in args.only):
+                continue
+            run_dir = out / f"{name}-s{seed}"
+            if finished(run_dir):
+                print(f"{run_dir.name}: already finished", flush=True)
+                continue
+            run_dir.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "fedguard.launch", "--config", CONFIGS[args.scenario], "--run-dir",
+                   str(run_dir), "--seed", str(seed), "--insecure", "--server-set", "rounds.sampling_timeout_s=3600.0",
+                   *extra]
+            if args.epochs:
+                cmd += ["--server-set", f"training.local_epochs={args.epochs}"]
+            if (run_dir / "state").is_dir():
+                cmd.append("--resume")
+            if args.rounds:
+                cmd += ["--rounds", str(args.rounds)]
+            started = time.monotonic()
+            with open(run_dir / "launch.txt", "ab") as log:
+                log.write((" ".join(cmd) + "\n").encode())
+                log.flush()
+                p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                     start_new_session=True)
+                try:
+                    p.wait(timeout=args.timeout or None)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, 15)  # the server exits resumable; its completed rounds are on disk
+                    p.wait()
+            print(f"{run_dir.name}: exit {p.returncode} after {time.monotonic() - started:.0f} s", flush=True)
+    return 0
+
+
+def summarize(args: argparse.Namespace) -> int:
+    root = Path(args.dir)
+    lines = ["| run | rounds | central acc (last) | central acc (last 5) | attackers/round | crafted/round | "
+             "Dyn-Opt gamma | s/round |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    accs: dict[str, float] = {}
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        rows = [r for r in read_rows(run_dir) if r.get("outcome")]
+        if not rows:
+            continue
+        central = [float(r.get("central_accuracy", float("nan"))) for r in rows]
+        last5 = finite_mean(central[-5:])
+        accs[run_dir.name] = last5
+        done = "" if finished(run_dir) else " (stopped)"
+        lines.append(
+            f"| {run_dir.name}{done} | {len(rows)} | {fmt(central[-1])} | {fmt(last5)} | "
+            f"{fmt(finite_mean([float(r.get('attackers', 0)) for r in rows]), 1)} | "
+            f"{fmt(finite_mean([r['metrics'].get('harness_crafted', float('nan')) for r in rows]), 1)} | "
+            f"{fmt(finite_mean([r['metrics'].get('harness_gamma', float('nan')) for r in rows]), 2)} | "
+            f"{fmt(finite_mean([float(r.get('seconds', float('nan'))) for r in rows]), 1)} |")
+    drops = ["", "| arm | no attack (last 5) | attack (last 5) | drop |", "| --- | --- | --- | --- |"]
+    for name, acc in sorted(accs.items()):
+        if "-none-" not in name:
+            continue
+        prefix, seed = name.split("-none-")
+        for attacked, acc2 in sorted(accs.items()):
+            if attacked.startswith(prefix + "-") and attacked.endswith("-" + seed) and attacked != name:
+                drops.append(f"| {attacked.removesuffix('-' + seed)} | {fmt(acc)} | {fmt(acc2)} | {fmt(acc - acc2)} |")
+    text = "\n".join(lines + drops) + "\n"
+    print(text)
+    if args.md:
+        Path(args.md).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.md).write_text(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--scenario", choices=sorted(CONFIGS), required=True)
+    r.add_argument("--out", default="runs/kd_exp")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0])
+    r.add_argument("--arms", nargs="+", choices=sorted(ARMS))
+    r.add_argument("--only", nargs="+", help="run only the runs whose name contains one of these")
+    r.add_argument("--rounds", type=int, help="rounds per run (default: the config's)")
+    r.add_argument("--epochs", type=int, help="local epochs (default: the config's)")
+    r.add_argument("--timeout", type=float, default=0.0, help="seconds per run (0: none)")
+    s = sub.add_parser("summarize")
+    s.add_argument("dir")
+    s.add_argument("--md", help="also write the tables to this Markdown file")
+    args = ap.parse_args(argv)
+    return run(args) if args.cmd == "run" else summarize(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
