@@ -12,8 +12,8 @@ import math
 
 from fedcore import rounds as rm
 from fedcore.aggregation import Aggregator, BufferedAggregator
-from fedcore.aggregation.rules import build_rule
-from fedcore.attacks.harness import full_knowledge_rows, harness_seed
+from fedcore.aggregation.rules import TrimmedMean, build_rule
+from fedcore.attacks.harness import full_knowledge_rows, harness_seed, oracle_trimmed_mean
 from fedcore.config import ServerConfig, effective_aggregation
 from fedcore.log import get_logger
 
@@ -35,13 +35,20 @@ class AdversaryHarness:
         agg.canonical_order()
         keys = agg.keys
         attackers = {c for c in keys if c in state.clients and state.clients[c].attacker}
-        crafted = full_knowledge_rows(agg.rows, keys, attackers, self.attack, self.rule,
+        rule = self.rule
+        metrics: dict[str, float] = {}
+        if self.config.simulation_harness.trim_to_attackers:
+            rule = oracle_trimmed_mean(rule, len(keys), len(attackers))
+            agg.use_rule(rule)
+            if isinstance(rule, TrimmedMean):
+                metrics["harness_trim_m"] = float(rule.m(len(keys)))
+        crafted = full_knowledge_rows(agg.rows, keys, attackers, self.attack, rule,
                                       harness_seed(self.config.rounds.seed, round_, sorted(attackers)))
         if crafted is None:
-            return {"harness_crafted": 0.0}
+            return {**metrics, "harness_crafted": 0.0}
         for pos, row in zip(crafted.positions, crafted.rows, strict=True):
             agg.replace_row(pos, row)
-        metrics = {"harness_crafted": float(len(crafted.positions))}
+        metrics["harness_crafted"] = float(len(crafted.positions))
         if math.isfinite(crafted.gamma):
             metrics["harness_gamma"] = crafted.gamma
         self.log.info("harness.crafted", round=round_, kind=self.attack.kind, rows=len(crafted.positions),

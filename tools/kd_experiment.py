@@ -14,8 +14,8 @@ full-knowledge test harness) in ``OUT/<scenario>-<arm>-<attack>-s<seed>/``:
   attack is Dyn-Opt from 20% of the clients.
 - ``moon`` (``configs/hydra_mnist_moon.toml``, HYDRA-FL Table 2): 10 clients, all per round; arms ``fedavg``,
   ``moon`` (μ = 1), ``hydra_moon`` (MOON base); the attack is Stat-Opt from 20% of the clients.
-- ``rules``: FedAvg on the ntd setting under no attack, Stat-Opt and Dyn-Opt against trimmed mean, median and Krum
-  (f = 2).
+- ``rules``: FedAvg on the ntd setting with the small ``mnist_cnn`` under no attack, Stat-Opt and Dyn-Opt against
+  trimmed mean (m = 2), median and Krum (f = 2), the defender's parameters fixed (no oracle trim).
 
 A run stopped at ``--timeout`` keeps its completed rounds and resumes from them when the command is run again.
 ``summarize`` prints per run the global model's accuracy on the pooled test splits (``central``), at the last
@@ -52,9 +52,11 @@ DEFAULT_ARMS = {"ntd": ["fedavg", "fedntd", "hydra"], "moon": ["fedavg", "moon",
                 "rules": ["fedavg"]}
 # HYDRA-FL App. C.2: Dyn-Opt for FedNTD, Stat-Opt for MOON.
 SCENARIO_ATTACK = {"ntd": "dyn_opt", "moon": "stat_opt"}
-RULES = {"trimmed_mean": ["aggregation.rule=\"trimmed_mean\"", "aggregation.trim_m=2"],
-         "median": ["aggregation.rule=\"median\""],
-         "krum": ["aggregation.rule=\"krum\"", "aggregation.krum_f=2"]}
+# The rules scenario: the small MNIST CNN (cheap on a CPU) and the configured defender (no oracle trim).
+RULES_BASE = ["model.name=\"mnist_cnn\"", "simulation_harness.trim_to_attackers=false"]
+RULES = {"trimmed_mean": [*RULES_BASE, "aggregation.rule=\"trimmed_mean\"", "aggregation.trim_m=2"],
+         "median": [*RULES_BASE, "aggregation.rule=\"median\""],
+         "krum": [*RULES_BASE, "aggregation.rule=\"krum\"", "aggregation.krum_f=2"]}
 ATTACKERS = 0.2
 
 

@@ -20,6 +20,7 @@ averaged in; :meth:`check` is the same validation as a dry run.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,6 +33,7 @@ from fedcore.aggregation.fixedpoint import FixedPointSum
 from fedcore.aggregation.memory import check_memory, uses_buffer
 from fedcore.aggregation.metrics import CountSketch, norm_stats, sketched_weight_divergence
 from fedcore.aggregation.pipeline import Pipeline
+from fedcore.aggregation.rules import Rule
 from fedcore.aggregation.steps import Clip, GaussianNoise, Validate
 
 __all__ = [
@@ -284,6 +286,16 @@ class BufferedAggregator:
         row.copy_(update)
         self._scales[i] = self._pipeline.clip.apply_(row, norm)
         self._norms[i] = norm
+
+    def use_rule(self, rule: Rule) -> None:
+        """Aggregate this round with ``rule`` instead of the configured one (the simulation harness's oracle
+        trimmed mean); ValueError when it cannot work with the rows held."""
+        rule.check(self._count)
+        self._pipeline = dataclasses.replace(self._pipeline, rule=rule)
+
+    @property
+    def rule(self) -> Rule:
+        return self._pipeline.rule
 
     def canonical_order(self) -> None:
         """Put the filled rows in canonical (key) order now; :meth:`finalize` does it anyway."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedcore.aggregation.rules import Rule
+from fedcore.aggregation.rules import Rule, TrimmedMean
 from fedcore.attacks.model_poisoning import craft_rows
 from fedcore.attacks.poisoning import AttackConfig
 from fedcore.seeds import derive_seed
@@ -33,9 +33,14 @@ HARNESS_KINDS = ("stat_opt", "dyn_opt")
 @dataclass
 class SimulationHarnessConfig:
     """``[simulation_harness]``: SIMULATION ONLY. ``full_knowledge_adversary`` turns the server-side adversary on;
-    ``attack`` is what it crafts (kind stat_opt or dyn_opt and their options; ``knowledge`` must be "full")."""
+    ``attack`` is what it crafts (kind stat_opt or dyn_opt and their options; ``knowledge`` must be "full");
+    ``trim_to_attackers`` gives the trimmed mean the round's attacker count as m (the papers' oracle defender)."""
 
     full_knowledge_adversary: bool = False
+    # The trimmed mean trims, per side, at least as many values as the round has attacker updates (the defender
+    # of HYDRA-FL's and Shejwalkar & Houmansadr's evaluations knows m; capped at (n - 1) // 2); the rows are then
+    # crafted against that rule. Off: the configured trim_m / trim_fraction.
+    trim_to_attackers: bool = False
     attack: AttackConfig = field(default_factory=lambda: AttackConfig(kind="dyn_opt", knowledge="full"))
 
     def validate(self, prefix: str = "simulation_harness.") -> SimulationHarnessConfig:
@@ -56,6 +61,14 @@ class HarnessRows:
     positions: tuple[int, ...]
     rows: torch.Tensor  # [len(positions), P]
     gamma: float = math.nan
+
+
+def oracle_trimmed_mean(rule: Rule, n: int, num_attackers: int) -> Rule:
+    """``rule`` when it is not a trimmed mean, else a trimmed mean that trims max(its own m, ``num_attackers``)
+    values per side of ``n``, at most (n - 1) // 2 (the defender that knows the round's number of attackers)."""
+    if not isinstance(rule, TrimmedMean):
+        return rule
+    return TrimmedMean(trim_m=min(max(rule.m(n), num_attackers), (n - 1) // 2))
 
 
 def harness_seed(federation_seed: int, round_: int, attacker_keys: Sequence[str]) -> int:
