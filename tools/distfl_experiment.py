@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.runs import child_env, finished, finite_mean, fmt, read_rows  # noqa: E402
+from tools.runs import finished, finite_mean, fmt, launch_run, read_rows  # noqa: E402
 
 SCENARIOS = {"cifar-types": "configs/distfl_cifar_types.toml", "mnist-flip": "configs/distfl_mnist_flip.toml",
              "har": "configs/distfl_har.toml"}
@@ -44,7 +41,6 @@ ARMS = {"distfl": [], "fedavg": ["--server-set", "distfl.enabled=false"]}
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = child_env()
     for seed in args.seeds:
         for arm, extra in ARMS.items():
             name = f"{args.scenario}-{arm}-s{seed}"
@@ -52,25 +48,13 @@ def run(args: argparse.Namespace) -> int:
             if finished(run_dir):
                 print(f"{name}: already finished", flush=True)
                 continue
-            run_dir.mkdir(parents=True, exist_ok=True)
             # Every client trains its private model (Local) before it asks for work: on a small machine the whole
             # fleet takes longer than the default 300 s to be ready.
             cmd = [sys.executable, "-m", "fedguard.launch", "--config", SCENARIOS[args.scenario], "--run-dir",
                    str(run_dir), "--seed", str(seed), "--server-set", "rounds.sampling_timeout_s=3600.0", *extra]
-            if (run_dir / "state").is_dir():
-                cmd.append("--resume")
             if args.rounds:
                 cmd += ["--rounds", str(args.rounds)]
-            started = time.monotonic()
-            with open(run_dir / "launch.txt", "ab") as log:
-                p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                     start_new_session=True)
-                try:
-                    p.wait(timeout=args.timeout or None)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, 15)  # the server exits resumable; its completed rounds are on disk
-                    p.wait()
-            print(f"{name}: exit {p.returncode} after {time.monotonic() - started:.0f} s", flush=True)
+            launch_run(cmd, run_dir, args.timeout)
     return 0
 
 

@@ -25,17 +25,14 @@ round and averaged over the last 5 rounds, the accuracy drop under attack, and t
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.runs import child_env, finished, finite_mean, fmt, read_rows  # noqa: E402
+from tools.runs import finished, finite_mean, fmt, launch_run, read_rows  # noqa: E402
 
 CONFIGS = {"ntd": "configs/hydra_mnist_ntd.toml", "moon": "configs/hydra_mnist_moon.toml",
            "rules": "configs/hydra_mnist_ntd.toml"}
@@ -85,7 +82,6 @@ def _attack_args(attack: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = child_env()
     arms = args.arms or DEFAULT_ARMS[args.scenario]
     for seed in args.seeds:
         for name, extra in plan(args.scenario, arms):
@@ -95,28 +91,14 @@ def run(args: argparse.Namespace) -> int:
             if finished(run_dir):
                 print(f"{run_dir.name}: already finished", flush=True)
                 continue
-            run_dir.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, "-m", "fedguard.launch", "--config", CONFIGS[args.scenario], "--run-dir",
                    str(run_dir), "--seed", str(seed), "--insecure", "--server-set", "rounds.sampling_timeout_s=3600.0",
                    *extra]
             if args.epochs:
                 cmd += ["--server-set", f"training.local_epochs={args.epochs}"]
-            if (run_dir / "state").is_dir():
-                cmd.append("--resume")
             if args.rounds:
                 cmd += ["--rounds", str(args.rounds)]
-            started = time.monotonic()
-            with open(run_dir / "launch.txt", "ab") as log:
-                log.write((" ".join(cmd) + "\n").encode())
-                log.flush()
-                p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                     start_new_session=True)
-                try:
-                    p.wait(timeout=args.timeout or None)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, 15)  # the server exits resumable; its completed rounds are on disk
-                    p.wait()
-            print(f"{run_dir.name}: exit {p.returncode} after {time.monotonic() - started:.0f} s", flush=True)
+            launch_run(cmd, run_dir, args.timeout)
     return 0
 
 

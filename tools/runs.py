@@ -52,3 +52,30 @@ def child_env() -> dict[str, str]:
     """The environment of a launched run: one OpenMP thread per process, the checkout importable."""
     return {**os.environ, "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def launch_run(cmd: list[str], run_dir: Path, timeout: float) -> int:
+    """Run one launcher command (``--resume`` added when ``run_dir`` holds a state) with its output appended to
+    ``run_dir/launch.txt``; after ``timeout`` seconds (0: none) it is stopped with SIGTERM, so the server exits
+    resumable with its completed rounds on disk. Prints and returns the exit code."""
+    import subprocess
+    import sys
+    import time
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (run_dir / "state").is_dir():
+        cmd = [*cmd, "--resume"]
+    started = time.monotonic()
+    with open(run_dir / "launch.txt", "ab") as log:
+        log.write((" ".join(cmd) + "\n").encode())
+        log.flush()
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
+                             start_new_session=True)
+        try:
+            p.wait(timeout=timeout or None)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 15)
+            p.wait()
+    print(f"{run_dir.name}: exit {p.returncode} after {time.monotonic() - started:.0f} s", file=sys.stdout,
+          flush=True)
+    return p.returncode

@@ -240,3 +240,22 @@ def test_the_harness_is_off_by_default_and_refused_outside_simulation(tmp_path: 
                 simulation_harness={**on, "attack": {"kind": "label_flip", "knowledge": "full"}})
     with pytest.raises(ConfigError, match=r"simulation_harness\.attack.knowledge"):
         _server(security={"insecure": True}, simulation_harness={**on, "attack": {"kind": "dyn_opt"}})
+
+
+def test_the_oracle_defender_trims_the_rounds_attacker_count() -> None:
+    from fedcore.attacks.harness import oracle_trimmed_mean
+
+    tm = TrimmedMean(trim_m=2)
+    assert isinstance(oracle_trimmed_mean(tm, 10, 3), TrimmedMean)
+    assert oracle_trimmed_mean(tm, 10, 3).m(10) == 3  # type: ignore[attr-defined]
+    assert oracle_trimmed_mean(tm, 10, 1).m(10) == 2  # type: ignore[attr-defined]  # never below the configured m
+    assert oracle_trimmed_mean(tm, 10, 7).m(10) == 4  # type: ignore[attr-defined]  # capped at (n - 1) // 2
+    krum = Krum(f=2)
+    assert oracle_trimmed_mean(krum, 10, 5) is krum
+    agg = BufferedAggregator(AggregationConfig(rule="trimmed_mean", trim_m=1), 2, 5)
+    for i in range(5):
+        agg.add(torch.tensor([float(i), 0.0]), 1.0, f"c{i}")
+    agg.use_rule(TrimmedMean(trim_m=2))
+    assert float(agg.finalize(torch.zeros(2)).new_global[0]) == 2.0  # only the median value is left
+    with pytest.raises(ValueError, match="trim_m"):
+        agg.use_rule(TrimmedMean(trim_m=3))

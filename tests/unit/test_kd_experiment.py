@@ -1,0 +1,35 @@
+"""The HYDRA-FL experiment driver's plan and summary (tools/kd_experiment.py), without running federations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tools.kd_experiment import main, plan
+
+
+def test_the_plan_pairs_every_arm_with_and_without_its_papers_attack() -> None:
+    runs = dict(plan("ntd", ["fedavg", "fedntd", "hydra"]))
+    assert sorted(runs) == ["ntd-fedavg-dyn_opt", "ntd-fedavg-none", "ntd-fedntd-dyn_opt", "ntd-fedntd-none",
+                            "ntd-hydra-dyn_opt", "ntd-hydra-none"]
+    assert "--attack" not in runs["ntd-fedntd-none"]
+    attacked = runs["ntd-hydra-dyn_opt"]
+    assert attacked[attacked.index("--attack") + 1] == "dyn_opt" and "--knowledge" in attacked
+    assert 'recovery.method="hydra"' in attacked
+    assert all("stat_opt" in n or "none" in n for n in dict(plan("moon", ["moon", "hydra_moon"])))
+    rules = dict(plan("rules", ["fedavg"]))
+    assert len(rules) == 9 and 'aggregation.rule="krum"' in rules["rules-krum-dyn_opt"]
+
+
+def test_summarize_reports_the_drop_under_attack(tmp_path: Path, capsys: object) -> None:
+    for name, acc in (("ntd-fedavg-none-s0", 0.9), ("ntd-fedavg-dyn_opt-s0", 0.6)):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"round": r, "outcome": "quorum", "central_accuracy": acc, "attackers": 2, "seconds": 1.0,
+                 "metrics": {"harness_crafted": 2.0, "harness_gamma": 10.0}} for r in range(1, 6)]
+        (d / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = tmp_path / "out.md"
+    assert main(["summarize", str(tmp_path), "--md", str(md)]) == 0
+    text = md.read_text()
+    assert "| ntd-fedavg-dyn_opt | 0.900 | 0.600 | 0.300 |" in text
+    assert "ntd-fedavg-none-s0 (stopped)" in text  # no final model: not finished
