@@ -15,7 +15,9 @@ full-knowledge test harness) in ``OUT/<scenario>-<arm>-<attack>-s<seed>/``:
 - ``moon`` (``configs/hydra_mnist_moon.toml``, HYDRA-FL Table 2): 10 clients, all per round; arms ``fedavg``,
   ``moon`` (μ = 1), ``hydra_moon`` (MOON base); the attack is Stat-Opt from 20% of the clients.
 - ``rules``: FedAvg on the ntd setting with the small ``mnist_cnn`` under no attack, Stat-Opt and Dyn-Opt against
-  trimmed mean (m = 2), median and Krum (f = 2), the defender's parameters fixed (no oracle trim).
+  trimmed mean (m = 2), median and Krum (f = 2), the defender's parameters fixed (no oracle trim); against the
+  trimmed mean also with partial knowledge (``*_partial``: the attackers estimate the benign statistics from
+  honest updates on 4 shards of their own data and assume a trimmed mean with m = 2).
 
 A run stopped at ``--timeout`` keeps its completed rounds and resumes from them when the command is run again.
 ``summarize`` prints per run the global model's accuracy on the pooled test splits (``central``), at the last
@@ -62,7 +64,9 @@ def plan(scenario: str, arms: list[str]) -> list[tuple[str, list[str]]]:
     runs: list[tuple[str, list[str]]] = []
     if scenario == "rules":
         for rule, rule_set in RULES.items():
-            for attack in ("none", "stat_opt", "dyn_opt"):
+            # Partial knowledge (the attackers' own shards; they assume a trimmed mean) against the trimmed mean.
+            partial = ("stat_opt_partial", "dyn_opt_partial") if rule == "trimmed_mean" else ()
+            for attack in ("none", "stat_opt", "dyn_opt", *partial):
                 extra = [a for s in [*ARMS["fedavg"], *rule_set] for a in ("--server-set", s)]
                 runs.append((f"rules-{rule}-{attack}", extra + _attack_args(attack)))
         return runs
@@ -76,7 +80,8 @@ def plan(scenario: str, arms: list[str]) -> list[tuple[str, list[str]]]:
 def _attack_args(attack: str) -> list[str]:
     if attack == "none":
         return []
-    return ["--attack", attack, "--attackers", str(ATTACKERS), "--knowledge", "full"]
+    kind, partial, _ = attack.partition("_partial")
+    return ["--attack", kind, "--attackers", str(ATTACKERS), "--knowledge", "partial" if partial else "full"]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,7 +18,10 @@ def test_the_plan_pairs_every_arm_with_and_without_its_papers_attack() -> None:
     assert 'recovery.method="hydra"' in attacked
     assert all("stat_opt" in n or "none" in n for n in dict(plan("moon", ["moon", "hydra_moon"])))
     rules = dict(plan("rules", ["fedavg"]))
-    assert len(rules) == 9 and 'aggregation.rule="krum"' in rules["rules-krum-dyn_opt"]
+    assert len(rules) == 11 and 'aggregation.rule="krum"' in rules["rules-krum-dyn_opt"]
+    partial = rules["rules-trimmed_mean-dyn_opt_partial"]
+    assert partial[partial.index("--attack") + 1] == "dyn_opt"
+    assert partial[partial.index("--knowledge") + 1] == "partial"
 
 
 def test_summarize_reports_the_drop_under_attack(tmp_path: Path, capsys: object) -> None:
