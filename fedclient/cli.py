@@ -20,6 +20,9 @@ from types import FrameType
 
 # Only what the parser needs is imported here: ``fedclient --help`` answers without importing torch.
 
+# fedcore.attacks.poisoning.KINDS, spelled out so that the parser does not import torch (a test holds them equal).
+ATTACK_KINDS = ("none", "label_flip", "backdoor", "model_replacement", "stat_opt", "dyn_opt")
+
 _FLAGS = {
     "server": (str, "server address host:port"),
     "client_id": (str, "stable client identity (default: from --state-dir, else random)"),
@@ -64,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (tp, help_) in _FLAGS.items():
         ap.add_argument("--" + flag.replace("_", "-"), dest=flag, type=tp, help=help_)
     ap.add_argument("--model", help="model name or pkg.mod:factory (default: what the server announces)")
-    ap.add_argument("--attack", choices=["none", "label_flip", "backdoor"],
-                    help="simulation only: play a data-poisoning attacker (options: --set attack.KEY=VALUE)")
+    ap.add_argument("--attack", choices=list(ATTACK_KINDS),
+                    help="simulation only: play a data-poisoning (label_flip, backdoor) or model-poisoning "
+                         "(model_replacement, stat_opt, dyn_opt) attacker (options: --set attack.KEY=VALUE)")
     ap.add_argument("--opt-out", action="store_true", default=None,
                     help="a vanilla holdout: never adapt, infer with the received model, still report beta_hat_i")
     ap.add_argument("--availability", metavar="JSON",

@@ -259,3 +259,10 @@ def test_the_oracle_defender_trims_the_rounds_attacker_count() -> None:
     assert float(agg.finalize(torch.zeros(2)).new_global[0]) == 2.0  # only the median value is left
     with pytest.raises(ValueError, match="trim_m"):
         agg.use_rule(TrimmedMean(trim_m=3))
+
+
+def test_the_client_cli_offers_every_attack_kind() -> None:
+    from fedclient.cli import ATTACK_KINDS
+    from fedcore.attacks.poisoning import KINDS
+
+    assert ATTACK_KINDS == KINDS
