@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
                    *extra]
             if args.epochs:
                 cmd += ["--server-set", f"training.local_epochs={args.epochs}"]
+            cmd += [a for item in args.server_set for a in ("--server-set", item)]
             if args.rounds:
                 cmd += ["--rounds", str(args.rounds)]
             launch_run(cmd, run_dir, args.timeout)
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--rounds", type=int, help="rounds per run (default: the config's)")
     r.add_argument("--epochs", type=int, help="local epochs (default: the config's)")
     r.add_argument("--timeout", type=float, default=0.0, help="seconds per run (0: none)")
+    r.add_argument("--server-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="another server setting for every run (e.g. training.learning_rate=0.05)")
     s = sub.add_parser("summarize")
     s.add_argument("dir")
     s.add_argument("--md", help="also write the tables to this Markdown file")
