@@ -502,6 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attack", help="attack kind: label_flip, backdoor (data poisoning), model_replacement, "
                                      "stat_opt, dyn_opt (model poisoning); options via the experiment file's "
                                      "[launch.attack] table")
+    ap.add_argument("--attack-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an attack option over the experiment file's [launch.attack] table (a TOML value; a bare "
+                         "word is a string), e.g. --attack-set dev_type=unit; repeatable")
     ap.add_argument("--knowledge", choices=["partial", "full"],
                     help="model poisoning: attackers estimate the benign statistics from their own data "
                          "(partial, default) or, SIMULATION ONLY, the server-side test harness crafts their "
@@ -558,6 +561,28 @@ def _configures_min_available(args: argparse.Namespace) -> bool:
     return False
 
 
+def attack_table(base: dict[str, Any], attack_set: list[str], kind: str | None,
+                 knowledge: str | None) -> dict[str, Any]:
+    """The attackers' attack table: the experiment file's ``[launch.attack]``, then each ``--attack-set KEY=VALUE``
+    (a TOML value; a bare word is a string), then ``--attack`` and ``--knowledge``. ValueError names the item."""
+    from fedcore.config import ConfigError, parse_override
+
+    attack = dict(base)
+    for item in attack_set:
+        try:
+            keys, value = parse_override(item)
+        except ConfigError as e:
+            raise ValueError(f"--attack-set: expected KEY=VALUE, got {item!r}") from e
+        if len(keys) != 1:
+            raise ValueError(f"--attack-set: expected an attack option KEY=VALUE, got {item!r}")
+        attack[keys[0]] = value
+    if kind:
+        attack["kind"] = kind
+    if knowledge:
+        attack["knowledge"] = knowledge
+    return attack
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["worker"]:
@@ -577,11 +602,11 @@ def main(argv: list[str] | None = None) -> int:
     for key, default in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, launch_opts.get(key, default))
-    attack = dict(launch_opts.get("attack", {}))
-    if args.attack:
-        attack["kind"] = args.attack
-    if args.knowledge:
-        attack["knowledge"] = args.knowledge
+    try:
+        attack = attack_table(launch_opts.get("attack", {}), args.attack_set, args.attack, args.knowledge)
+    except ValueError as e:
+        print(f"launch: {e}", file=sys.stderr)
+        return 2
     args.attack = attack
     if attack.get("knowledge") == "full":
         if not args.insecure:

@@ -57,10 +57,15 @@ RULES = {"trimmed_mean": [*RULES_BASE, "aggregation.rule=\"trimmed_mean\"", "agg
          "median": [*RULES_BASE, "aggregation.rule=\"median\""],
          "krum": [*RULES_BASE, "aggregation.rule=\"krum\"", "aggregation.krum_f=2"]}
 ATTACKERS = 0.2
+# HYDRA-FL's MNIST figures (no attack, attack), Table 1 (FedNTD setting, Dyn-Opt) and Table 2 (MOON setting,
+# Stat-Opt), beside ours in the summary.
+PAPER = {"ntd-fedavg": (92.12, 74.48), "ntd-fedntd": (93.03, 58.09), "ntd-hydra": (92.69, 76.67),
+         "moon-fedavg": (88.02, 77.55), "moon-moon": (91.13, 72.32), "moon-hydra_moon": (92.04, 76.65)}
 
 
-def plan(scenario: str, arms: list[str]) -> list[tuple[str, list[str]]]:
-    """(run name, extra launcher arguments) of every run of ``scenario``."""
+def plan(scenario: str, arms: list[str], dev_type: str = "std") -> list[tuple[str, list[str]]]:
+    """(run name, extra launcher arguments) of every run of ``scenario``. A Dyn-Opt direction other than the
+    default ``std`` is part of the attacked runs' names (``dyn_opt_unit``), so both can sit in one directory."""
     runs: list[tuple[str, list[str]]] = []
     if scenario == "rules":
         for rule, rule_set in RULES.items():
@@ -68,20 +73,25 @@ def plan(scenario: str, arms: list[str]) -> list[tuple[str, list[str]]]:
             partial = ("stat_opt_partial", "dyn_opt_partial") if rule == "trimmed_mean" else ()
             for attack in ("none", "stat_opt", "dyn_opt", *partial):
                 extra = [a for s in [*ARMS["fedavg"], *rule_set] for a in ("--server-set", s)]
-                runs.append((f"rules-{rule}-{attack}", extra + _attack_args(attack)))
+                runs.append((f"rules-{rule}-{_label(attack, dev_type)}", extra + _attack_args(attack, dev_type)))
         return runs
     for arm in arms:
         for attack in ("none", SCENARIO_ATTACK[scenario]):
             extra = [a for s in ARMS[arm] for a in ("--server-set", s)]
-            runs.append((f"{scenario}-{arm}-{attack}", extra + _attack_args(attack)))
+            runs.append((f"{scenario}-{arm}-{_label(attack, dev_type)}", extra + _attack_args(attack, dev_type)))
     return runs
 
 
-def _attack_args(attack: str) -> list[str]:
+def _label(attack: str, dev_type: str) -> str:
+    return f"{attack}_{dev_type}" if attack.startswith("dyn_opt") and dev_type != "std" else attack
+
+
+def _attack_args(attack: str, dev_type: str = "std") -> list[str]:
     if attack == "none":
         return []
     kind, partial, _ = attack.partition("_partial")
-    return ["--attack", kind, "--attackers", str(ATTACKERS), "--knowledge", "partial" if partial else "full"]
+    extra = ["--attack-set", f"dev_type={dev_type}"] if kind == "dyn_opt" and dev_type != "std" else []
+    return ["--attack", kind, "--attackers", str(ATTACKERS), "--knowledge", "partial" if partial else "full", *extra]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     arms = args.arms or DEFAULT_ARMS[args.scenario]
     for seed in args.seeds:
-        for name, extra in plan(args.scenario, arms):
+        for name, extra in plan(args.scenario, arms, args.dev_type):
             if args.only and not any(o in name for o in args.only):
                 continue
             run_dir = out / f"{name}-s{seed}"
@@ -127,14 +137,18 @@ def summarize(args: argparse.Namespace) -> int:
             f"{fmt(finite_mean([r['metrics'].get('harness_crafted', float('nan')) for r in rows]), 1)} | "
             f"{fmt(finite_mean([r['metrics'].get('harness_gamma', float('nan')) for r in rows]), 2)} | "
             f"{fmt(finite_mean([float(r.get('seconds', float('nan'))) for r in rows]), 1)} |")
-    drops = ["", "| arm | no attack (last 5) | attack (last 5) | drop |", "| --- | --- | --- | --- |"]
+    drops = ["", "| arm | no attack (last 5) | attack (last 5) | drop | paper (MNIST, 200/30 rounds) |",
+             "| --- | --- | --- | --- | --- |"]
     for name, acc in sorted(accs.items()):
         if "-none-" not in name:
             continue
         prefix, seed = name.split("-none-")
         for attacked, acc2 in sorted(accs.items()):
             if attacked.startswith(prefix + "-") and attacked.endswith("-" + seed) and attacked != name:
-                drops.append(f"| {attacked.removesuffix('-' + seed)} | {fmt(acc)} | {fmt(acc2)} | {fmt(acc - acc2)} |")
+                paper = PAPER.get(prefix)
+                cited = f"{paper[0]:.2f} -> {paper[1]:.2f}" if paper else "-"
+                drops.append(f"| {attacked.removesuffix('-' + seed)} | {fmt(acc)} | {fmt(acc2)} | {fmt(acc - acc2)} "
+                             f"| {cited} |")
     text = "\n".join(lines + drops) + "\n"
     print(text)
     if args.md:
@@ -154,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--only", nargs="+", help="run only the runs whose name contains one of these")
     r.add_argument("--rounds", type=int, help="rounds per run (default: the config's)")
     r.add_argument("--epochs", type=int, help="local epochs (default: the config's)")
+    r.add_argument("--dev-type", choices=["std", "sign", "unit"], default="std",
+                   help="Dyn-Opt's direction (attack.dev_type; std is SPEC's default, unit the reference code's)")
     r.add_argument("--timeout", type=float, default=0.0, help="seconds per run (0: none)")
     r.add_argument("--server-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="another server setting for every run (e.g. training.learning_rate=0.05)")

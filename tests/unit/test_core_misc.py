@@ -153,6 +153,20 @@ def test_launcher_waits_for_the_fleet_unless_the_experiment_says_otherwise(tmp_p
     assert _configures_min_available(argparse.Namespace(server_set=["rounds.min_available = 2"], server_config=None))
 
 
+
+def test_launcher_attack_table_layers_file_options_flags() -> None:
+    from fedguard.launch import attack_table
+
+    base = {"gamma_tol": 0.001, "dev_type": "std"}
+    table = attack_table(base, ["dev_type=unit", "gamma_init = 5.0"], "dyn_opt", "full")
+    assert table == {"gamma_tol": 0.001, "dev_type": "unit", "gamma_init": 5.0, "kind": "dyn_opt", "knowledge": "full"}
+    assert base["dev_type"] == "std"  # the experiment file's table is not changed
+    assert attack_table({"kind": "stat_opt"}, [], None, None) == {"kind": "stat_opt"}
+    with pytest.raises(ValueError, match="--attack-set: expected an attack option"):
+        attack_table({}, ["a.b=1"], None, None)
+    with pytest.raises(ValueError, match="--attack-set: expected KEY=VALUE"):
+        attack_table({}, ["dev_type"], None, None)
+
 def _launch_args(**kw: object) -> argparse.Namespace:
     base: dict[str, object] = {"clients": 10, "seed": 0, "straggler": "fixed", "straggler_delay": 0.0,
                                "straggler_sigma": 1.0, "stragglers": 1.0, "dropout": 0.0, "dropout_return": 30.0,

@@ -34,5 +34,17 @@ def test_summarize_reports_the_drop_under_attack(tmp_path: Path, capsys: object)
     md = tmp_path / "out.md"
     assert main(["summarize", str(tmp_path), "--md", str(md)]) == 0
     text = md.read_text()
-    assert "| ntd-fedavg-dyn_opt | 0.900 | 0.600 | 0.300 |" in text
+    assert "| ntd-fedavg-dyn_opt | 0.900 | 0.600 | 0.300 | 92.12 -> 74.48 |" in text
     assert "ntd-fedavg-none-s0 (stopped)" in text  # no final model: not finished
+
+
+def test_a_dyn_opt_direction_other_than_std_names_its_runs_and_sets_the_option() -> None:
+    runs = dict(plan("ntd", ["fedavg"], "unit"))
+    assert sorted(runs) == ["ntd-fedavg-dyn_opt_unit", "ntd-fedavg-none"]
+    attacked = runs["ntd-fedavg-dyn_opt_unit"]
+    assert attacked[attacked.index("--attack-set") + 1] == "dev_type=unit"
+    assert "--attack-set" not in runs["ntd-fedavg-none"]
+    moon = dict(plan("moon", ["moon"], "unit"))  # Stat-Opt has no direction: names and arguments unchanged
+    assert "moon-moon-stat_opt" in moon and "--attack-set" not in moon["moon-moon-stat_opt"]
+    rules = dict(plan("rules", ["fedavg"], "unit"))
+    assert "rules-krum-dyn_opt_unit" in rules and "rules-trimmed_mean-dyn_opt_partial_unit" in rules
