@@ -154,7 +154,50 @@ def summarize(args: argparse.Namespace) -> int:
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
         Path(args.md).write_text(text)
+    if args.plot:
+        _plot(root, Path(args.plot))
+        print(f"plot: {args.plot}")
     return 0
+
+
+def _plot(root: Path, out: Path) -> None:
+    """Central accuracy per round, one panel per scenario and seed; an arm's attacked runs dashed in its colour."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'fedguard[plot]'") from None
+    panels: dict[str, list[tuple[str, list[float]]]] = {}
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        rows = [r for r in read_rows(run_dir) if r.get("outcome")]
+        if not rows:
+            continue
+        scenario, _, rest = run_dir.name.partition("-")
+        label, _, seed = rest.rpartition("-")
+        panels.setdefault(f"{scenario} {seed}", []).append(
+            (label, [float(r.get("central_accuracy", float("nan"))) for r in rows]))
+    if not panels:
+        raise SystemExit(f"--plot: no runs with rounds under {root}")
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (title, curves) in zip(axes[0], sorted(panels.items()), strict=True):
+        colours: dict[str, str] = {}
+        for label, accs in curves:
+            arm = label.rsplit("-", 1)[0]
+            attacked = not label.endswith("-none")
+            colour = colours.setdefault(arm, f"C{len(colours)}")
+            ax.plot(range(1, len(accs) + 1), accs, color=colour, linestyle="--" if attacked else "-",
+                    linewidth=1.2, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("round")
+        ax.set_ylabel("central accuracy")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("summarize")
     s.add_argument("dir")
     s.add_argument("--md", help="also write the tables to this Markdown file")
+    s.add_argument("--plot", help="also draw central accuracy per round to this PNG (needs matplotlib)")
     args = ap.parse_args(argv)
     return run(args) if args.cmd == "run" else summarize(args)
 

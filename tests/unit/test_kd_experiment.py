@@ -36,6 +36,9 @@ def test_summarize_reports_the_drop_under_attack(tmp_path: Path, capsys: object)
     text = md.read_text()
     assert "| ntd-fedavg-dyn_opt | 0.900 | 0.600 | 0.300 | 92.12 -> 74.48 |" in text
     assert "ntd-fedavg-none-s0 (stopped)" in text  # no final model: not finished
+    png = tmp_path / "plots" / "acc.png"
+    assert main(["summarize", str(tmp_path), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_dyn_opt_direction_other_than_std_names_its_runs_and_sets_the_option() -> None:
