@@ -147,8 +147,8 @@ def summarize(args: argparse.Namespace) -> int:
             if attacked.startswith(prefix + "-") and attacked.endswith("-" + seed) and attacked != name:
                 paper = PAPER.get(prefix)
                 cited = f"{paper[0]:.2f} -> {paper[1]:.2f}" if paper else "-"
-                drops.append(f"| {attacked.removesuffix('-' + seed)} | {fmt(acc)} | {fmt(acc2)} | {fmt(acc - acc2)} "
-                             f"| {cited} |")
+                arm = f"{attacked.removesuffix('-' + seed)} ({seed})"
+                drops.append(f"| {arm} | {fmt(acc)} | {fmt(acc2)} | {fmt(acc - acc2)} | {cited} |")
     text = "\n".join(lines + drops) + "\n"
     print(text)
     if args.md:

@@ -34,7 +34,7 @@ def test_summarize_reports_the_drop_under_attack(tmp_path: Path, capsys: object)
     md = tmp_path / "out.md"
     assert main(["summarize", str(tmp_path), "--md", str(md)]) == 0
     text = md.read_text()
-    assert "| ntd-fedavg-dyn_opt | 0.900 | 0.600 | 0.300 | 92.12 -> 74.48 |" in text
+    assert "| ntd-fedavg-dyn_opt (s0) | 0.900 | 0.600 | 0.300 | 92.12 -> 74.48 |" in text
     assert "ntd-fedavg-none-s0 (stopped)" in text  # no final model: not finished
     png = tmp_path / "plots" / "acc.png"
     assert main(["summarize", str(tmp_path), "--plot", str(png)]) == 0
