@@ -565,7 +565,7 @@ def attack_table(base: dict[str, Any], attack_set: list[str], kind: str | None,
                  knowledge: str | None) -> dict[str, Any]:
     """The attackers' attack table: the experiment file's ``[launch.attack]``, then each ``--attack-set KEY=VALUE``
     (a TOML value; a bare word is a string), then ``--attack`` and ``--knowledge``. ValueError names the item."""
-    from fedcore.config import ConfigError, parse_override
+    from fedcore.config import ConfigError, from_dict, parse_override
 
     attack = dict(base)
     for item in attack_set:
@@ -580,6 +580,14 @@ def attack_table(base: dict[str, Any], attack_set: list[str], kind: str | None,
         attack["kind"] = kind
     if knowledge:
         attack["knowledge"] = knowledge
+    if attack:  # refused here, naming the field, before a server or client starts
+        from fedcore.attacks import AttackConfig
+        from fedcore.attacks.model_poisoning import check_model_attack
+
+        try:
+            check_model_attack(from_dict(AttackConfig, attack, "attack"))
+        except (ConfigError, ValueError) as e:
+            raise ValueError(f"attack options: {e}") from e
     return attack
 
 

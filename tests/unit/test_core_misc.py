@@ -166,6 +166,10 @@ def test_launcher_attack_table_layers_file_options_flags() -> None:
         attack_table({}, ["a.b=1"], None, None)
     with pytest.raises(ValueError, match="--attack-set: expected KEY=VALUE"):
         attack_table({}, ["dev_type"], None, None)
+    with pytest.raises(ValueError, match=r"attack\.foo: unknown field"):
+        attack_table({}, ["foo=1"], "dyn_opt", None)
+    with pytest.raises(ValueError, match="dev_type: one of std, sign, unit"):
+        attack_table({}, ["dev_type=diagonal"], "dyn_opt", None)
 
 def _launch_args(**kw: object) -> argparse.Namespace:
     base: dict[str, object] = {"clients": 10, "seed": 0, "straggler": "fixed", "straggler_delay": 0.0,
