@@ -149,6 +149,10 @@ class PersistenceConfig:
     # fsync model files, their directory and every SQLite commit: survives a power cut, not only a crash of
     # the server process, at the cost of the disk's flush latency per round.
     fsync: bool = False
+    # When the newest snapshots fail verification (a power cut without fsync, a disk error), resume from the
+    # newest one that verifies, moving the unverified ones into state/quarantine/<time>/ (kept). Off by default:
+    # the server then stops with exit 2 and names the snapshot and the ways on (fedserver --fall-back).
+    fall_back: bool = False
 
 
 @dataclass

@@ -17,6 +17,7 @@ from fedcore.config import ConfigError, ServerConfig
 from fedcore.log import get_logger
 from fedcore.report import FederationStatus
 from fedserver.coordinator import Coordinator
+from fedserver.rundir import RunDirLock
 from fedserver.servicer import FederationServicer, add_to_server, set_serving
 
 
@@ -96,10 +97,27 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
     first, the stop is graceful (:meth:`Coordinator.stop`): the status then has ``stopping`` set.
     """
     coord = Coordinator(config)  # checks the configuration before anything listens or touches the run dir
+    # One writer per run directory, before anything listens or touches it (RunDirLocked names the holder).
+    lock = RunDirLock.acquire(config.server.run_dir, config.server.address)
+    try:
+        return await _serve_locked(config, coord, lock, ready, stop, linger_s, fresh)
+    finally:
+        lock.release()
+
+
+async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLock,
+                        ready: Callable[[int, Coordinator, FederationServicer], None] | None,
+                        stop: asyncio.Event | None, linger_s: float, fresh: bool) -> FederationStatus:
     server = grpc.aio.server(options=grpc_options(config))
     servicer, health = add_to_server(server, coord)
     port = listen(server, config)
-    coord.open(fresh)
+    lock.update(f"{config.server.address.rpartition(':')[0]}:{port}")
+    try:
+        coord.open(fresh)
+    except BaseException:
+        await server.stop(grace=None)
+        coord.close()
+        raise
     await server.start()
     await set_serving(health, True)
     sec = config.security

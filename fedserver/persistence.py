@@ -5,10 +5,20 @@ state with the client registry, every model by id, the metrics history (the roun
 registered server-side state machine (``register_slot(name, save, load)``: NFL detectors, clusters). Server
 randomness needs no saved RNG state: every draw is seeded by (seed, round, attempt, purpose).
 
-On start, :meth:`Persistence.restore` loads the newest snapshot that verifies (a corrupt or half-written one
-is skipped with a message naming it), refuses a configuration that would change the federation (naming the
-field), and re-appends to ``rounds.jsonl`` any round the file is missing. ``fresh`` moves the old state
-aside into ``run_dir/previous/<time>/`` instead.
+On start, :meth:`Persistence.restore` loads the newest snapshot that verifies, refuses a configuration that would
+change the federation (naming the field), and re-appends to ``rounds.jsonl`` any round the file is missing.
+``fresh`` moves the old state aside into ``run_dir/previous/<time>/`` instead (``run_dir/state.broken-<time>/``
+when the old state cannot be read).
+
+Never a silent new federation: a damaged or unreadable ``state.db``, a store whose snapshots all fail
+verification, or a ``rounds.jsonl`` with rounds but no state raise :class:`~fedserver.store.StoreError` (the
+server stops with exit 2 and one message naming the file, what failed and the ways on). When the newest snapshots
+fail verification but an older one verifies, the server stops the same way unless ``persistence.fall_back``
+(``--fall-back``) says to resume from the older one; the unverified snapshots then move into
+``state/quarantine/<time>/``, kept.
+
+The metrics history is appended to the store (only the rounds a snapshot adds), so a snapshot costs O(1) in the
+number of rounds.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from fedcore.log import get_logger
 from fedcore.report import RoundReport
 from fedserver import store as store_module
 from fedserver.global_models import GlobalModels
-from fedserver.store import Snapshot, StateStore, archive
+from fedserver.store import DB_NAME, Snapshot, StateStore, StoreError, archive, ways_on
 
 STATE_DIR = "state"
 RUN_FILES = ("state", "rounds.jsonl", "config.json", "final_model.fgt")
@@ -64,6 +74,7 @@ class Persistence:
         self.log = get_logger("fedserver")
         self.last_save_seconds = 0.0
         self._saving = 0
+        self._saved_history = 0  # history reports the store has (a snapshot appends only the ones after them)
         if os.environ.get(CRASH_ENV, "").startswith("model_written:"):
             store_module._after_files_written = lambda _paths: crash_point("model_written", self._saving)
 
@@ -80,11 +91,26 @@ class Persistence:
 
     @staticmethod
     def start_fresh(run_dir: Path) -> Path | None:
-        """Move an earlier federation's files aside (never deleted); returns where they went."""
-        return archive(run_dir, RUN_FILES)
+        """Move an earlier federation's files aside (never deleted); returns where they went: ``previous/<time>/``,
+        or ``state.broken-<time>/`` when the old state cannot be read."""
+        try:
+            StateStore.exists(run_dir / STATE_DIR)
+            broken = False
+        except StoreError:
+            broken = True
+        return archive(run_dir, RUN_FILES, prefix="state.broken-" if broken else None)
 
     def restore(self, now: float) -> Restored | None:
-        """The state to carry on from, or None for a new federation (which this call then records)."""
+        """The state to carry on from, or None for a new federation (which this call then records). Raises
+        :class:`StoreError` (with the store closed, so its files are as they were) when the state cannot be
+        carried on, and :class:`ConfigError` for a configuration that would change the federation."""
+        try:
+            return self._restore(now)
+        except BaseException:
+            self.close()
+            raise
+
+    def _restore(self, now: float) -> Restored | None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         p = self.config.persistence
         if p.enabled and self.store is None:
@@ -94,13 +120,32 @@ class Persistence:
             (self.run_dir / "rounds.jsonl").touch()
             return None
         loaded = self.store.load()
-        for line in loaded.skipped:
-            self.log.error("state.snapshot_skipped", reason=line)
+        state_dir = self.run_dir / STATE_DIR
         snap = loaded.snapshot
+        if snap is None and loaded.skipped:
+            raise StoreError(f"{state_dir / DB_NAME}: no snapshot verifies ({'; '.join(loaded.skipped)}); "
+                             f"{ways_on(state_dir)}")
+        if snap is not None and loaded.skipped:
+            if not p.fall_back:
+                raise StoreError(
+                    f"{state_dir / DB_NAME}: the newest snapshot does not verify ({'; '.join(loaded.skipped)}); "
+                    f"nothing was changed or deleted. Ways on: start with --fall-back to resume from round "
+                    f"{snap.completed_rounds}, the newest snapshot that verifies (the unverified ones move to "
+                    f"{state_dir}/quarantine/<time>/, kept), or restore {state_dir} from a copy, or start with "
+                    f"--fresh, which moves the whole old state aside to {self.run_dir}/state.broken-<time>/")
+            for line in loaded.skipped:
+                self.log.error("state.snapshot_skipped", reason=line)
+            moved = self.store.quarantine(loaded.skipped_ids, max(0, snap.history_len))
+            self.log.warning("state.fell_back", completed_rounds=snap.completed_rounds, quarantine=str(moved),
+                             reason="--fall-back: the unverified newer snapshots were moved aside, not deleted")
         if snap is None:
-            if loaded.skipped:
-                self.log.error("state.no_good_snapshot", run_dir=str(self.run_dir),
-                               reason="every snapshot failed verification; starting a new federation")
+            orphan_rows = _rounds_in(self.run_dir / "rounds.jsonl")
+            if orphan_rows:
+                raise StoreError(f"{self.run_dir / 'rounds.jsonl'} holds {orphan_rows} rounds of a federation whose state "
+                                 f"({state_dir}) holds no snapshot: starting a new federation here would mix two "
+                                 f"federations in one file. Nothing was changed. Ways on: restore {state_dir} from a "
+                                 f"copy, or start with --fresh, which moves the old files aside to "
+                                 f"{self.run_dir}/previous/<time>/ (kept)")
             self.store.put_meta("config", redacted(self.config))
             self._write_config()
             (self.run_dir / "rounds.jsonl").touch()
@@ -113,13 +158,12 @@ class Persistence:
         for name, value in snap.state.get("slots", {}).items():
             if name in self._slots:
                 self._slots[name][1](value)
-        history = [RoundReport.from_dict(d) for d in snap.state.get("history", [])]
+        rows = loaded.history if snap.history_len >= 0 else snap.state.get("history", [])
+        history = [RoundReport.from_dict(d) for d in rows]
+        self._saved_history = len(history) if snap.history_len >= 0 else 0
         raw = (loaded.progress or {}).get("round_state") or snap.state["round_state"]
         state = rm.resume(rm.RoundState.from_dict(raw), snap.completed_rounds, self.config.rounds, now)
         self._append_missing_rows(history)
-        if loaded.skipped:
-            self.log.warning("state.fell_back", completed_rounds=snap.completed_rounds,
-                             reason="newer snapshots failed verification (see state.snapshot_skipped)")
         self.log.info("federation.resumed", completed_rounds=snap.completed_rounds, round=state.round,
                       attempt=state.attempt, phase=state.phase, clients=len(state.clients))
         return Restored(state, history, snap.completed_rounds)
@@ -153,11 +197,13 @@ class Persistence:
             return
         body = {
             "round_state": state.to_dict(),
-            "history": [r.to_dict() for r in history],
             "slots": {name: save() for name, (save, _) in sorted(self._slots.items())},
         }
         self._saving = completed_rounds
-        stats = self.store.save(Snapshot(completed_rounds, body, self.models.all()))
+        start = min(self._saved_history, len(history))
+        tail = [r.to_dict() for r in history[start:]]
+        stats = self.store.save(Snapshot(completed_rounds, body, self.models.all(), history_len=len(history)), tail)
+        self._saved_history = len(history)
         self.last_save_seconds = stats.seconds
 
     def progress(self, state: rm.RoundState) -> None:
@@ -169,6 +215,18 @@ class Persistence:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
+            self.store = None
+
+
+def _rounds_in(path: Path) -> int:
+    """How many round rows ``rounds.jsonl`` holds (0 when it is missing or empty)."""
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
+    except OSError as e:
+        raise StoreError(f"{path}: cannot be read ({e.strerror or e})") from None
 
 
 def write_round(run_dir: Path, report: RoundReport) -> None:

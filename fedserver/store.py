@@ -12,11 +12,25 @@ writing), then commits ONE SQLite transaction that records the snapshot with eac
 sha256 and drops the snapshots beyond the newest ``keep``; only then are the dropped snapshots' files unlinked.
 A crash at any instant therefore leaves either the previous committed set of snapshots or the new one, plus
 perhaps files that no row references (temp files, the files of an uncommitted save, the files of a pruned
-snapshot); those orphans are deleted on the next open.
+snapshot).
+
+Never destroy state. Before a save writes a model file it records the file's name in the ``pending`` table (its
+own committed transaction): on the next open, only files named there that no snapshot references are removed, so
+the store deletes nothing it did not write itself. A snapshot is dropped only when a newer snapshot of the same
+timeline was committed (the ``keep`` newest stay); a save that would supersede a newer snapshot (another
+timeline) is refused. On open the database passes SQLite's ``quick_check`` before anything writes to it: a
+damaged ``state.db`` raises :class:`StoreError` (the server stops with exit 2 naming the file and the ways on)
+and nothing is changed.
+
+The metrics history is a table of its own, appended to (one row per completed round) in the transaction of the
+save that adds it, so a snapshot costs O(1) in the number of rounds; a snapshot records how many history rows
+it covers (``history_len``).
 
 :meth:`StateStore.load` returns the newest snapshot whose every model file exists, has the recorded size and
 sha256 and parses; a newer snapshot that fails (a file half-written before a power cut without ``fsync``, a
-disk error, a hand-edited file) is reported in :attr:`Loaded.skipped` and the next older one is tried.
+disk error, a hand-edited file) is reported in :attr:`Loaded.skipped` and the next older one is tried. The
+caller decides what to do about skipped ones: :meth:`StateStore.quarantine` moves them (rows and files) into
+``quarantine/<time>/`` before a federation carries on from the older one; nothing is deleted.
 
 Durability: with ``fsync=False`` (the default) every completed save survives a crash of the server process,
 since the bytes are in the kernel's page cache before the commit; with ``fsync=True`` model files and their
@@ -52,7 +66,8 @@ DB_NAME = "state.db"
 MODELS_DIR = "models"
 # PRAGMA application_id of a fedguard state store ("FGST"), and the schema version in PRAGMA user_version.
 APPLICATION_ID = 0x46475354
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+QUARANTINE_DIR = "quarantine"
 MODEL_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # The store's own files inside models/ (final names and their temp names); nothing else there is touched.
 _FILE_RE = re.compile(r"r(\d{6,})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8})\.fgt(\.tmp)?")
@@ -82,14 +97,35 @@ CREATE TABLE IF NOT EXISTS progress (
     state TEXT NOT NULL,
     updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS history (
+    seq INTEGER PRIMARY KEY,
+    report TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pending (
+    path TEXT PRIMARY KEY
+);
 """
+# Schema 1 -> 2: snapshots record how many history rows they cover (-1: the history is inside their state JSON).
+_MIGRATE_2 = "ALTER TABLE snapshots ADD COLUMN history_len INTEGER NOT NULL DEFAULT -1"
 
 # Test hook: called after a save's model files are in place and before its transaction (a crash there).
 _after_files_written: Callable[[list[Path]], None] | None = None
 
 
 class StoreError(Exception):
-    """The store cannot be used at all (not a SQLite database, a newer schema, another program's database)."""
+    """The store cannot be used: a damaged or foreign database, a newer schema, no snapshot that verifies, a
+    failed write (disk full, I/O error). The message names the file, what failed and the ways on."""
+
+
+def ways_on(state_dir: Path) -> str:
+    """The two ways on from a store the server will not touch, as the refusals say them."""
+    return (f"nothing was changed or deleted. Ways on: restore {state_dir} from a copy and start again, or start "
+            f"with --fresh, which moves the whole old state aside to {state_dir.parent}/state.broken-<time>/ "
+            "(kept) and begins a new federation")
+
+
+def damaged(db_path: Path, what: str) -> StoreError:
+    return StoreError(f"{db_path}: {what}; {ways_on(db_path.parent)}")
 
 
 @dataclass(frozen=True)
@@ -100,6 +136,9 @@ class Snapshot:
     state: dict[str, Any]
     # Model id ("global" today; one per cluster later) -> state dict.
     models: dict[str, dict[str, torch.Tensor]]
+    # How many rows of the store's history table the snapshot covers (-1: its history is inside ``state``, as
+    # schema-1 stores kept it). On save, :meth:`StateStore.save`'s ``history_tail`` ends at this count.
+    history_len: int = -1
 
 
 @dataclass(frozen=True)
@@ -117,6 +156,10 @@ class Loaded:
     progress: dict[str, Any] | None
     # One line per newer snapshot that failed verification, naming its round and why.
     skipped: list[str] = field(default_factory=list)
+    # The history rows the snapshot covers (empty for a schema-1 snapshot, whose history is in its state).
+    history: list[dict[str, Any]] = field(default_factory=list)
+    # Database ids of the snapshots that failed verification (for :meth:`StateStore.quarantine`).
+    skipped_ids: list[int] = field(default_factory=list)
 
 
 def check_model_id(model_id: str) -> None:
@@ -127,7 +170,8 @@ def check_model_id(model_id: str) -> None:
 
 
 class StateStore:
-    """Snapshots of a federation in ``directory`` (``<run_dir>/state``). Thread-safe; one writer at a time."""
+    """Snapshots of a federation in ``directory`` (``<run_dir>/state``). Thread-safe; one writer at a time (the
+    server holds the run directory's lock, :mod:`fedserver.rundir`)."""
 
     def __init__(self, directory: str | os.PathLike[str], keep: int = 3, fsync: bool = False) -> None:
         if keep < 1:
@@ -138,23 +182,40 @@ class StateStore:
         self.db_path = self.directory / DB_NAME
         self.models_dir = self.directory / MODELS_DIR
         self._lock = threading.Lock()
-        self.models_dir.mkdir(parents=True, exist_ok=True)
+        self._history_rows = 0  # rows in the history table (the next save appends after them)
+        existed = self.db_path.exists()
+        try:
+            self.models_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"{self.models_dir}: cannot be created ({e.strerror or e})") from None
         try:
             self._conn = _connect(self.db_path, create=True)
-        except sqlite3.DatabaseError as e:
-            raise StoreError(f"{self.db_path}: cannot be opened as a SQLite database ({e})") from None
+        except sqlite3.Error as e:
+            raise damaged(self.db_path, f"cannot be opened as a SQLite database ({e})") from None
         try:
+            if existed:
+                self._check_integrity()
             self._init_db()
-        except sqlite3.DatabaseError as e:
+            self.removed_orphans = self._clean_pending()
+            self._history_rows = int(self._conn.execute("SELECT count(*) FROM history").fetchone()[0])
+        except sqlite3.Error as e:
             self._conn.close()
-            raise StoreError(f"{self.db_path}: not a usable fedguard state store ({e}); move it aside, or start "
-                             "over with --fresh (which moves the old state aside)") from None
-        except StoreError:
+            raise damaged(self.db_path, f"not a usable fedguard state store ({e})") from None
+        except BaseException:
             self._conn.close()
             raise
-        self.removed_orphans = self._remove_orphans()
 
     # ---- opening ----
+
+    def _check_integrity(self) -> None:
+        """SQLite's ``quick_check`` (every page and index readable and consistent) before anything writes."""
+        try:
+            rows = self._conn.execute("PRAGMA quick_check(5)").fetchall()
+        except sqlite3.Error as e:
+            raise damaged(self.db_path, f"cannot be read: {e} (SQLite)") from None
+        problems = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+        if problems:
+            raise damaged(self.db_path, "is damaged: SQLite's integrity check reports " + "; ".join(problems))
 
     def _init_db(self) -> None:
         c = self._conn
@@ -163,10 +224,11 @@ class StateStore:
         tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if app_id != APPLICATION_ID and (app_id != 0 or (tables - {"sqlite_sequence"})):
             raise StoreError(f"{self.db_path}: a SQLite database of another program (application_id {app_id}, "
-                             f"tables {sorted(tables)}), not a fedguard state store; move it aside")
+                             f"tables {sorted(tables)}), not a fedguard state store; nothing was changed: move it "
+                             "aside or point --run-dir elsewhere")
         if version > SCHEMA_VERSION:
             raise StoreError(f"{self.db_path}: schema version {version} was written by a newer fedguard (this one "
-                             f"reads up to {SCHEMA_VERSION})")
+                             f"reads up to {SCHEMA_VERSION}); nothing was changed: run that fedguard version")
         mode = str(c.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
         if mode != "wal":
             raise StoreError(f"{self.db_path}: cannot switch to WAL journaling (journal_mode is {mode!r})")
@@ -176,20 +238,36 @@ class StateStore:
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         c.execute(stmt)
+                columns = {r[1] for r in c.execute("PRAGMA table_info(snapshots)")}
+                if "history_len" not in columns:
+                    c.execute(_MIGRATE_2)
                 c.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
-    def _remove_orphans(self) -> list[str]:
-        """Delete the store's own files in models/ that no snapshot references (crash leftovers)."""
+    def _clean_pending(self) -> list[str]:
+        """Remove the files an earlier save recorded in ``pending`` (it wrote them) that no snapshot references:
+        the leftovers of a save that crashed before its commit, or of a pruned snapshot whose unlink failed.
+        Nothing else is ever removed: a file the store did not write stays, whatever its name."""
         with self._lock:
+            pending = [r[0] for r in self._conn.execute("SELECT path FROM pending")]
             referenced = {r[0] for r in self._conn.execute("SELECT path FROM models")}
         removed: list[str] = []
-        for entry in sorted(os.listdir(self.models_dir)):
-            rel = f"{MODELS_DIR}/{entry}"
-            if _FILE_RE.fullmatch(entry) and rel not in referenced:
-                with contextlib.suppress(FileNotFoundError):
-                    (self.models_dir / entry).unlink()
-                    removed.append(rel)
+        for rel in sorted(pending):
+            name = rel[len(MODELS_DIR) + 1:] if rel.startswith(MODELS_DIR + "/") else ""
+            if rel in referenced or not _FILE_RE.fullmatch(name):
+                continue
+            for candidate in (name, name + _TMP_SUFFIX):
+                try:
+                    (self.models_dir / candidate).unlink()
+                    removed.append(f"{MODELS_DIR}/{candidate}")
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    raise StoreError(f"{self.models_dir / candidate}: cannot remove a leftover of an uncommitted "
+                                     f"save ({e.strerror or e})") from None
+        if pending:
+            with self._lock, self._transaction():
+                self._conn.executemany("DELETE FROM pending WHERE path = ?", [(p,) for p in pending])
         return removed
 
     @staticmethod
@@ -201,16 +279,16 @@ class StateStore:
             return False
         try:
             conn = _connect(path, create=False)
-        except sqlite3.DatabaseError as e:
-            raise StoreError(f"{path}: cannot be opened ({e})") from None
+        except sqlite3.Error as e:
+            raise damaged(path, f"cannot be opened ({e})") from None
         try:
             row = conn.execute("SELECT 1 FROM snapshots LIMIT 1").fetchone()
         except sqlite3.OperationalError as e:
             if "no such table" in str(e):
                 return False
-            raise StoreError(f"{path}: not a usable fedguard state store ({e})") from None
-        except sqlite3.DatabaseError as e:
-            raise StoreError(f"{path}: not a usable fedguard state store ({e})") from None
+            raise damaged(path, f"not a usable fedguard state store ({e})") from None
+        except sqlite3.Error as e:
+            raise damaged(path, f"not a usable fedguard state store ({e})") from None
         finally:
             conn.close()
         return row is not None
@@ -219,57 +297,80 @@ class StateStore:
 
     def put_meta(self, key: str, value: dict[str, Any]) -> None:
         text = json.dumps(value)
-        with self._lock, self._transaction():
+        with self._lock, self._writing(f"the {key!r} record"), self._transaction():
             self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, text))
 
     def get_meta(self, key: str) -> dict[str, Any] | None:
-        with self._lock:
+        with self._lock, self._reading():
             row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
         try:
             value = json.loads(row[0])
         except ValueError as e:
-            raise StoreError(f"{self.db_path}: meta record {key!r} is not valid JSON ({e})") from None
+            raise damaged(self.db_path, f"meta record {key!r} is not valid JSON ({e})") from None
         if not isinstance(value, dict):
-            raise StoreError(f"{self.db_path}: meta record {key!r} is not a JSON object")
+            raise damaged(self.db_path, f"meta record {key!r} is not a JSON object")
         return value
 
     # ---- snapshots ----
 
-    def save(self, snap: Snapshot) -> SaveStats:
-        """Persist a snapshot (blocking file IO: call it from a worker thread in async code)."""
+    def save(self, snap: Snapshot, history_tail: Sequence[dict[str, Any]] = ()) -> SaveStats:
+        """Persist a snapshot (blocking file IO: call it from a worker thread in async code).
+
+        ``history_tail`` are the history rows that end at ``snap.history_len`` (the rows the store does not have
+        yet; rows it has are replaced only by the same positions of a later save). Raises :class:`StoreError`
+        when a write fails (disk full, I/O error): the previous snapshots are then intact."""
         t0 = time.perf_counter()
         if isinstance(snap.completed_rounds, bool) or not isinstance(snap.completed_rounds, int) \
                 or snap.completed_rounds < 0:
             raise ValueError(f"completed_rounds must be a non-negative int, got {snap.completed_rounds!r}")
         for model_id in snap.models:
             check_model_id(model_id)
+        first_seq = snap.history_len - len(history_tail)
+        if history_tail and (snap.history_len < 0 or first_seq < 0):
+            raise ValueError(f"history_tail of {len(history_tail)} rows cannot end at history_len "
+                             f"{snap.history_len}")
         state_text = json.dumps(snap.state)
+        tail_texts = [json.dumps(row) for row in history_tail]
         nonce = secrets.token_hex(4)
+        names = [f"r{snap.completed_rounds:06d}-{model_id}-{nonce}.fgt" for model_id in sorted(snap.models)]
         with self._lock:
+            if snap.history_len >= 0 and first_seq > self._history_rows:
+                raise ValueError(f"history rows {self._history_rows}..{first_seq - 1} were never saved")
             written: list[tuple[str, str, str, int]] = []  # model id, relative path, sha256, bytes
-            try:
-                for model_id in sorted(snap.models):
-                    name = f"r{snap.completed_rounds:06d}-{model_id}-{nonce}.fgt"
-                    digest, size = self._write_model(name, snap.models[model_id], model_id, snap.completed_rounds)
-                    written.append((model_id, f"{MODELS_DIR}/{name}", digest, size))
-                if self.fsync and written:
-                    _fsync_dir(self.models_dir)
-                if _after_files_written is not None:
-                    _after_files_written([self.directory / rel for _, rel, _, _ in written])
+            with self._writing(f"the snapshot of round {snap.completed_rounds}"):
+                # Write-ahead record of the files this save is about to create: only these may be removed later.
                 with self._transaction():
-                    dropped = self._commit(snap.completed_rounds, state_text, written)
-            except BaseException:
-                for _, rel, _, _ in written:
-                    with contextlib.suppress(OSError):
-                        (self.directory / rel).unlink()
-                raise
+                    self._conn.executemany("INSERT OR IGNORE INTO pending (path) VALUES (?)",
+                                           [(f"{MODELS_DIR}/{n}",) for n in names])
+                try:
+                    for model_id, name in zip(sorted(snap.models), names, strict=True):
+                        digest, size = self._write_model(name, snap.models[model_id], model_id,
+                                                         snap.completed_rounds)
+                        written.append((model_id, f"{MODELS_DIR}/{name}", digest, size))
+                    if self.fsync and written:
+                        _fsync_dir(self.models_dir)
+                    if _after_files_written is not None:
+                        _after_files_written([self.directory / rel for _, rel, _, _ in written])
+                    with self._transaction():
+                        dropped = self._commit(snap.completed_rounds, state_text, written, snap.history_len,
+                                               first_seq, tail_texts)
+                except BaseException:
+                    # This process wrote these files and could not commit them: they are its to remove.
+                    for _, rel, _, _ in written:
+                        with contextlib.suppress(OSError):
+                            (self.directory / rel).unlink()
+                    raise
+            if snap.history_len >= 0:
+                self._history_rows = max(self._history_rows, snap.history_len)
             for rel in dropped:
-                # Committed already: a file that cannot be removed now is an orphan, removed on the next open.
+                # Superseded by the snapshot just committed; a file that cannot be removed now stays in
+                # ``pending`` and is removed on the next open.
                 with contextlib.suppress(OSError):
                     (self.directory / rel).unlink()
-        return SaveStats(time.perf_counter() - t0, sum(w[3] for w in written), len(state_text.encode()))
+        return SaveStats(time.perf_counter() - t0, sum(w[3] for w in written),
+                         len(state_text.encode()) + sum(len(t.encode()) for t in tail_texts))
 
     def _write_model(self, name: str, state: Mapping[str, torch.Tensor], model_id: str,
                      completed_rounds: int) -> tuple[str, int]:
@@ -297,24 +398,29 @@ class StateStore:
             tmp.unlink(missing_ok=True)
         return h.hexdigest(), size
 
-    def _commit(self, completed_rounds: int, state_text: str,
-                written: list[tuple[str, str, str, int]]) -> list[str]:
-        """Inside the save's transaction: insert the snapshot and its models, drop what it supersedes and what
-        is beyond ``keep``, and the progress of any older snapshot. Returns the dropped snapshots' files."""
+    def _commit(self, completed_rounds: int, state_text: str, written: list[tuple[str, str, str, int]],
+                history_len: int, first_seq: int, tail_texts: list[str]) -> list[str]:
+        """Inside the save's transaction: insert the snapshot, its models and its history rows, drop the
+        snapshots beyond ``keep`` (all older: superseded by this one) and the progress of any older snapshot.
+        Returns the dropped snapshots' files (recorded in ``pending`` until they are gone)."""
         c = self._conn
-        # Snapshots of this round or later belong to a timeline the coordinator abandoned (it resumed from an
-        # earlier one, e.g. after they failed verification): this one supersedes them.
-        stale = [r[0] for r in c.execute("SELECT id FROM snapshots WHERE completed_rounds >= ?",
-                                         (completed_rounds,))]
-        cur = c.execute("INSERT INTO snapshots (completed_rounds, state, created) VALUES (?, ?, ?)",
-                        (completed_rounds, state_text, time.time()))
+        newer = c.execute("SELECT max(completed_rounds) FROM snapshots WHERE completed_rounds >= ?",
+                          (completed_rounds,)).fetchone()[0]
+        if newer is not None:
+            raise StoreError(f"{self.db_path}: refusing to save round {completed_rounds} over a stored snapshot of "
+                             f"round {newer} (another timeline); nothing was changed. Move the newer snapshots "
+                             "aside first (fedserver --fall-back quarantines snapshots that fail verification)")
+        cur = c.execute("INSERT INTO snapshots (completed_rounds, state, created, history_len) VALUES (?, ?, ?, ?)",
+                        (completed_rounds, state_text, time.time(), history_len))
         sid = cur.lastrowid
         assert sid is not None
         c.executemany("INSERT INTO models (snapshot_id, model_id, path, sha256, bytes) VALUES (?, ?, ?, ?, ?)",
                       [(sid, model_id, rel, digest, size) for model_id, rel, digest, size in written])
-        beyond = [r[0] for r in c.execute("SELECT id FROM snapshots WHERE id != ? ORDER BY id DESC LIMIT -1 OFFSET ?",
-                                          (sid, self.keep - 1))]
-        drop = sorted(set(stale) | set(beyond))
+        c.executemany("INSERT OR REPLACE INTO history (seq, report) VALUES (?, ?)",
+                      [(first_seq + i, text) for i, text in enumerate(tail_texts)])
+        c.executemany("DELETE FROM pending WHERE path = ?", [(rel,) for _, rel, _, _ in written])
+        drop = [r[0] for r in c.execute("SELECT id FROM snapshots WHERE id != ? ORDER BY id DESC LIMIT -1 OFFSET ?",
+                                        (sid, self.keep - 1))]
         dropped: list[str] = []
         for old in drop:
             dropped += [r[0] for r in c.execute("SELECT path FROM models WHERE snapshot_id = ?", (old,))]
@@ -323,12 +429,14 @@ class StateStore:
         c.execute("DELETE FROM progress WHERE snapshot_id != ?", (sid,))
         # A file is shared by no two rows (nonce per save), but never unlink one that is still referenced.
         live = {r[0] for r in c.execute("SELECT path FROM models")}
-        return [p for p in dropped if p not in live]
+        gone = [p for p in dropped if p not in live]
+        c.executemany("INSERT OR IGNORE INTO pending (path) VALUES (?)", [(p,) for p in gone])
+        return gone
 
     def put_progress(self, state: dict[str, Any]) -> None:
         """Attach ``state`` to the newest snapshot, replacing the previous record (no model bytes)."""
         text = json.dumps(state)
-        with self._lock, self._transaction():
+        with self._lock, self._writing("the round machine's progress record"), self._transaction():
             row = self._conn.execute("SELECT max(id) FROM snapshots").fetchone()
             if row is None or row[0] is None:
                 raise StoreError(f"{self.db_path}: no snapshot to attach a progress record to (save one first)")
@@ -336,18 +444,23 @@ class StateStore:
                                (row[0], text, time.time()))
 
     def load(self) -> Loaded:
-        """The newest snapshot that verifies, its progress record, and a line per newer one that did not."""
+        """The newest snapshot that verifies, its progress record and history, and a line per newer one that
+        did not (their ids in ``skipped_ids``)."""
         skipped: list[str] = []
-        with self._lock:
-            rows = self._conn.execute("SELECT id, completed_rounds, state FROM snapshots ORDER BY id DESC").fetchall()
-            for sid, completed_rounds, state_text in rows:
+        skipped_ids: list[int] = []
+        with self._lock, self._reading():
+            rows = self._conn.execute(
+                "SELECT id, completed_rounds, state, history_len FROM snapshots ORDER BY id DESC").fetchall()
+            for sid, completed_rounds, state_text, history_len in rows:
                 models = self._conn.execute(
                     "SELECT model_id, path, sha256, bytes FROM models WHERE snapshot_id = ? ORDER BY model_id",
                     (sid,)).fetchall()
                 try:
-                    snap = self._verify(int(completed_rounds), state_text, models)
+                    snap = self._verify(int(completed_rounds), state_text, models, int(history_len))
+                    history = self._history(int(history_len))
                 except _Unverified as e:
                     skipped.append(f"snapshot of round {completed_rounds} skipped: {e}")
+                    skipped_ids.append(int(sid))
                     continue
                 prow = self._conn.execute("SELECT state FROM progress WHERE snapshot_id = ?", (sid,)).fetchone()
                 progress = None
@@ -360,11 +473,29 @@ class StateStore:
                         progress = value
                     else:
                         skipped.append(f"progress record of round {completed_rounds} ignored: not a JSON object")
-                return Loaded(snap, progress, skipped)
-        return Loaded(None, None, skipped)
+                return Loaded(snap, progress, skipped, history, skipped_ids)
+        return Loaded(None, None, skipped, [], skipped_ids)
+
+    def _history(self, history_len: int) -> list[dict[str, Any]]:
+        if history_len < 0:
+            return []
+        rows = self._conn.execute("SELECT seq, report FROM history WHERE seq < ? ORDER BY seq",
+                                  (history_len,)).fetchall()
+        if len(rows) != history_len or (rows and rows[-1][0] != history_len - 1):
+            raise _Unverified(f"its history has {len(rows)} of the {history_len} rows it covers")
+        out: list[dict[str, Any]] = []
+        for seq, text in rows:
+            try:
+                row = json.loads(text)
+            except ValueError as e:
+                raise _Unverified(f"history row {seq} is not valid JSON ({e})") from None
+            if not isinstance(row, dict):
+                raise _Unverified(f"history row {seq} is not a JSON object")
+            out.append(row)
+        return out
 
     def _verify(self, completed_rounds: int, state_text: str,
-                models: Sequence[tuple[str, str, str, int]]) -> Snapshot:
+                models: Sequence[tuple[str, str, str, int]], history_len: int = -1) -> Snapshot:
         try:
             state = json.loads(state_text)
         except (ValueError, TypeError) as e:
@@ -401,9 +532,74 @@ class StateStore:
             if extra.get("model_id", model_id) != model_id:
                 raise _Unverified(f"{what} holds model {extra.get('model_id')!r}")
             out[model_id] = tensors
-        return Snapshot(completed_rounds, state, out)
+        return Snapshot(completed_rounds, state, out, history_len)
+
+    def quarantine(self, snapshot_ids: Sequence[int], keep_history: int) -> Path | None:
+        """Move the snapshots ``snapshot_ids`` (ones that failed verification) and the history rows at and after
+        ``keep_history`` (their abandoned timeline) out of the store into ``quarantine/<UTC time>/``: a JSON file
+        per snapshot with its rows, beside its model files (those that exist). Nothing is deleted: the rows
+        leave the database only after their copy is written. Returns the folder (None when nothing moved)."""
+        with self._lock, self._writing("the quarantine of unverified snapshots"):
+            ids = sorted(set(int(i) for i in snapshot_ids))
+            extra_history = self._conn.execute("SELECT seq, report FROM history WHERE seq >= ? ORDER BY seq",
+                                               (keep_history,)).fetchall()
+            if not ids and not extra_history:
+                return None
+            dest = _new_stamped_dir(self.directory / QUARANTINE_DIR)
+            moves: list[tuple[Path, Path]] = []
+            for sid in ids:
+                row = self._conn.execute("SELECT completed_rounds, state, created, history_len FROM snapshots "
+                                         "WHERE id = ?", (sid,)).fetchone()
+                if row is None:
+                    continue
+                models = self._conn.execute("SELECT model_id, path, sha256, bytes FROM models WHERE snapshot_id = ?",
+                                            (sid,)).fetchall()
+                record = {"snapshot_id": sid, "completed_rounds": row[0], "state": row[1], "created": row[2],
+                          "history_len": row[3],
+                          "models": [{"model_id": m[0], "path": m[1], "sha256": m[2], "bytes": m[3]} for m in models]}
+                (dest / f"snapshot-{sid}-r{int(row[0]):06d}.json").write_text(json.dumps(record, indent=1))
+                for m in models:
+                    name = m[1][len(MODELS_DIR) + 1:] if m[1].startswith(MODELS_DIR + "/") else ""
+                    if _FILE_RE.fullmatch(name) and (self.models_dir / name).exists():
+                        moves.append((self.models_dir / name, dest / name))
+            if extra_history:
+                (dest / "history.json").write_text(json.dumps(
+                    [{"seq": seq, "report": text} for seq, text in extra_history], indent=1))
+            if self.fsync:
+                _fsync_dir(dest)
+            for src, dst in moves:
+                os.rename(src, dst)
+            with self._transaction():
+                for sid in ids:
+                    self._conn.execute("DELETE FROM models WHERE snapshot_id = ?", (sid,))
+                    self._conn.execute("DELETE FROM progress WHERE snapshot_id = ?", (sid,))
+                    self._conn.execute("DELETE FROM snapshots WHERE id = ?", (sid,))
+                self._conn.execute("DELETE FROM history WHERE seq >= ?", (keep_history,))
+            self._history_rows = min(self._history_rows, keep_history)
+            return dest
 
     # ---- plumbing ----
+
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """A failed write (disk full, I/O error, a damaged page) becomes a :class:`StoreError` naming it."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except (sqlite3.Error, OSError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            where = getattr(e, "filename", None) or self.db_path
+            raise StoreError(f"{where}: cannot write {what}: {reason}. The snapshots already committed are intact: "
+                             "fix the cause (free disk space, check the disk) and start the server again; it "
+                             "resumes from its last committed round") from None
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise damaged(self.db_path, f"cannot be read: {e} (SQLite)") from None
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -450,10 +646,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def archive(run_dir: Path, names: Sequence[str]) -> Path | None:
+def _new_stamped_dir(parent: Path, prefix: str = "") -> Path:
+    """Create ``parent/<prefix><UTC time>`` (``-1``, ``-2``... appended when it exists) and return it."""
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = prefix + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    n = 0
+    while True:
+        dest = parent / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            dest.mkdir()
+            return dest
+        except FileExistsError:
+            n += 1
+
+
+def archive(run_dir: Path, names: Sequence[str], prefix: str | None = None) -> Path | None:
     """Move the entries of ``run_dir`` named in ``names`` that exist into a new ``run_dir/previous/<UTC time>/``
-    (``-1``, ``-2``... appended when that exists) and return it; None when none of them was there. Nothing is
-    ever deleted."""
+    (with ``prefix``: ``run_dir/<prefix><UTC time>/``; ``-1``, ``-2``... appended when that exists) and return
+    it; None when none of them was there. Nothing is ever deleted."""
     run_dir = Path(run_dir)
     for name in names:
         if not name or name in (".", "..", "previous") or "/" in name or os.sep in name:
@@ -461,17 +671,7 @@ def archive(run_dir: Path, names: Sequence[str]) -> Path | None:
     present = [n for n in dict.fromkeys(names) if os.path.lexists(run_dir / n)]
     if not present:
         return None
-    parent = run_dir / "previous"
-    parent.mkdir(exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    n = 0
-    while True:
-        dest = parent / (stamp if n == 0 else f"{stamp}-{n}")
-        try:
-            dest.mkdir()
-            break
-        except FileExistsError:
-            n += 1
+    dest = _new_stamped_dir(run_dir / "previous") if prefix is None else _new_stamped_dir(run_dir, prefix)
     for name in present:
         os.rename(run_dir / name, dest / name)
     return dest

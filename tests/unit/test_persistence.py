@@ -15,6 +15,7 @@ from fedcore.models import build_model
 from fedcore.report import RoundReport
 from fedserver.global_models import GlobalModels
 from fedserver.persistence import Persistence, check_identity
+from fedserver.store import StoreError
 
 
 def _config(run_dir: Path, **sections: dict[str, Any]) -> ServerConfig:
@@ -94,7 +95,11 @@ def test_rounds_missing_from_rounds_jsonl_are_appended_and_nothing_is_truncated(
     assert [json.loads(x)["round"] for x in path.read_text().splitlines()] == [1, 2, 3]
 
 
-def test_a_corrupt_newest_snapshot_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+def _tree(d: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(d)): f.read_bytes() for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+def test_a_corrupt_newest_snapshot_stops_the_server_unless_told_to_fall_back(tmp_path: Path) -> None:
     cfg = _config(tmp_path / "run")
     models = _models()
     p = Persistence(cfg, models)
@@ -103,10 +108,56 @@ def test_a_corrupt_newest_snapshot_falls_back_to_the_previous_one(tmp_path: Path
     p.close()
     newest = max((tmp_path / "run" / "state" / "models").glob("r000002-*.fgt"))
     newest.write_bytes(newest.read_bytes()[:100])  # half-written
+    before = _tree(tmp_path / "run")
     p2 = Persistence(cfg, _models())
-    restored = p2.restore(now=0.0)
+    with pytest.raises(StoreError, match=r"the newest snapshot does not verify \(snapshot of round 2 skipped: model "
+                                         r"'global' .* truncated or half-written\).*--fall-back to resume from round 1"):
+        p2.restore(now=0.0)
     p2.close()
+    assert _tree(tmp_path / "run") == before  # nothing changed
+    p3 = Persistence(_config(tmp_path / "run", persistence={"fall_back": True}), _models())
+    restored = p3.restore(now=0.0)
+    p3.close()
     assert restored is not None and restored.completed_rounds == 1 and restored.round_state.round == 2
+    assert [r.round for r in restored.history] == [1]
+    (kept,) = (tmp_path / "run" / "state" / "quarantine").glob("*/r000002-*.fgt")
+    assert kept.read_bytes() == before[str(newest.relative_to(tmp_path / "run"))]
+
+
+def test_no_verifiable_snapshot_or_rounds_without_state_never_start_a_new_federation(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "run")
+    models = _models()
+    p = Persistence(cfg, models)
+    p.restore(now=0.0)
+    _completed(p, models, 1)
+    p.close()
+    for f in (tmp_path / "run" / "state" / "models").glob("*.fgt"):
+        f.write_bytes(b"x")
+    before = _tree(tmp_path / "run")
+    with pytest.raises(StoreError, match=r"no snapshot verifies .*--fresh"):
+        Persistence(cfg, _models()).restore(now=0.0)
+    assert _tree(tmp_path / "run") == before
+    # The state is gone but rounds.jsonl holds rounds: a new federation would mix two in one file.
+    (tmp_path / "run" / "state").rename(tmp_path / "elsewhere")
+    with pytest.raises(StoreError, match=r"rounds.jsonl holds 1 rounds of a federation whose state"):
+        Persistence(cfg, _models()).restore(now=0.0)
+
+
+def test_a_snapshot_appends_only_the_new_history(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "run")
+    models = _models()
+    p = Persistence(cfg, models)
+    p.restore(now=0.0)
+    history = _completed(p, models, 3)
+    assert p.store is not None
+    rows = p.store._conn.execute("SELECT seq, report FROM history ORDER BY seq").fetchall()
+    assert [json.loads(r[1])["round"] for r in rows] == [1, 2, 3]
+    state_json = p.store._conn.execute("SELECT state FROM snapshots ORDER BY id DESC LIMIT 1").fetchone()[0]
+    assert "history" not in json.loads(state_json)
+    p.close()
+    restored = Persistence(cfg, _models()).restore(now=0.0)
+    assert restored is not None
+    assert [json.dumps(r.to_dict()) for r in restored.history] == [json.dumps(h.to_dict()) for h in history]
 
 
 @pytest.mark.parametrize(("section", "values", "field"), [

@@ -182,25 +182,41 @@ def test_path_outside_models_is_refused(tmp_path: Path) -> None:
     assert "not a path inside" in loaded.skipped[0]
 
 
-def test_orphans_are_ignored_and_cleaned_on_open(tmp_path: Path) -> None:
+def test_files_the_store_did_not_record_writing_are_never_removed(tmp_path: Path) -> None:
     d = tmp_path / "state"
     _three(d)
     models = d / "models"
-    orphan = models / "r000004-global-0123abcd.fgt"
-    save_state(orphan, _model(4))
-    tmp_orphan = models / "r000004-other-0123abcd.fgt.tmp"
-    tmp_orphan.write_bytes(b"half")
+    # Named like the store's own files, but no save recorded writing them: they stay (never destroy state).
+    lookalike = models / "r000004-global-0123abcd.fgt"
+    save_state(lookalike, _model(4))
+    tmp_lookalike = models / "r000004-other-0123abcd.fgt.tmp"
+    tmp_lookalike.write_bytes(b"half")
     foreign = [models / "notes.txt", models / "r4-global.fgt", models / "r000004-global-XYZ.fgt"]
     for f in foreign:
         f.write_bytes(b"not ours")
     with StateStore(d) as s:
-        assert sorted(s.removed_orphans) == ["models/r000004-global-0123abcd.fgt",
-                                             "models/r000004-other-0123abcd.fgt.tmp"]
+        assert s.removed_orphans == []
         loaded = s.load()
-    assert not orphan.exists() and not tmp_orphan.exists()
+    assert lookalike.exists() and tmp_lookalike.exists()
     assert all(f.exists() for f in foreign)
     assert loaded.snapshot is not None and loaded.snapshot.completed_rounds == 3 and loaded.skipped == []
     assert len([f for f in _files(d) if re.fullmatch(r"r00000[123]-\w+-[0-9a-f]{8}\.fgt", f)]) == 6
+
+
+def test_pending_leftovers_of_an_uncommitted_save_are_removed_on_open(tmp_path: Path) -> None:
+    d = tmp_path / "state"
+    _three(d)
+    with StateStore(d) as s:  # a save that recorded its files, wrote them and died before its commit
+        s._conn.execute("INSERT INTO pending (path) VALUES ('models/r000004-global-0123abcd.fgt')")
+    leftover = d / "models" / "r000004-global-0123abcd.fgt"
+    save_state(leftover, _model(4))
+    leftover.with_name(leftover.name + ".tmp").write_bytes(b"half")
+    with StateStore(d) as s:
+        assert sorted(s.removed_orphans) == ["models/r000004-global-0123abcd.fgt",
+                                             "models/r000004-global-0123abcd.fgt.tmp"]
+        assert s._conn.execute("SELECT count(*) FROM pending").fetchone()[0] == 0
+        assert s.load().snapshot.completed_rounds == 3  # type: ignore[union-attr]
+    assert not leftover.exists()
 
 
 def _run_child(d: Path, body: str) -> subprocess.CompletedProcess[str]:
@@ -232,7 +248,7 @@ def test_sigkill_between_files_and_commit(tmp_path: Path) -> None:
     left = _files(d)
     assert len([f for f in left if f.startswith("r000002-")]) == 2  # the uncommitted save's files
     with StateStore(d) as s:
-        assert len(s.removed_orphans) == 2
+        assert len(s.removed_orphans) == 2  # recorded in ``pending`` before they were written
         loaded = s.load()
     assert loaded.snapshot is not None and loaded.snapshot.completed_rounds == 1 and loaded.skipped == []
     assert loaded.snapshot.state == {"r": 1}
@@ -298,18 +314,46 @@ def test_progress_attaches_to_newest_and_not_after_fallback(tmp_path: Path) -> N
     assert "round 2" in loaded.skipped[0]
 
 
-def test_resave_after_fallback_supersedes_abandoned_rounds(tmp_path: Path) -> None:
+def test_a_save_over_a_newer_timeline_is_refused_and_quarantine_moves_it_aside(tmp_path: Path) -> None:
     d = tmp_path / "state"
     _three(d)
-    _path_of(d, 3).unlink()
+    lost = _path_of(d, 3)
+    lost_bytes = lost.read_bytes()
+    lost.write_bytes(lost_bytes[:100])  # truncated
     with StateStore(d, keep=5) as s:
-        assert s.load().snapshot.completed_rounds == 2  # type: ignore[union-attr]
-        s.save(_snap(3))  # round 3 re-run
-        rounds = [int(r[0]) for r in s._conn.execute("SELECT completed_rounds FROM snapshots ORDER BY id")]
         loaded = s.load()
+        assert loaded.snapshot is not None and loaded.snapshot.completed_rounds == 2
+        with pytest.raises(StoreError, match="refusing to save round 3 over a stored snapshot of round 3"):
+            s.save(_snap(3))
+        dest = s.quarantine(loaded.skipped_ids, keep_history=0)
+        assert dest is not None and dest.parent == d / "quarantine"
+        s.save(_snap(3))  # round 3 re-run on the timeline of round 2
+        rounds = [int(r[0]) for r in s._conn.execute("SELECT completed_rounds FROM snapshots ORDER BY id")]
+        again = s.load()
     assert rounds == [1, 2, 3]
-    assert loaded.skipped == [] and loaded.snapshot is not None and loaded.snapshot.completed_rounds == 3
-    assert len(_files(d)) == 2 + 2 + 1
+    assert again.skipped == [] and again.snapshot is not None and again.snapshot.completed_rounds == 3
+    # The unverified snapshot is kept: its rows as JSON, its (truncated) file moved beside them.
+    (record,) = dest.glob("snapshot-*-r000003.json")
+    assert "models/r000003-global-" in record.read_text()
+    assert (dest / lost.name).read_bytes() == lost_bytes[:100]
+
+
+def test_history_is_appended_and_covered_by_each_snapshot(tmp_path: Path) -> None:
+    d = tmp_path / "state"
+    rows = [{"round": k, "beta": k / 3} for k in range(1, 6)]
+    with StateStore(d, keep=2) as s:
+        for r in range(1, 6):
+            s.save(Snapshot(r, {"r": r}, {"global": _model(r)}, history_len=r), rows[r - 1:r])
+        with pytest.raises(ValueError, match="never saved"):
+            s.save(Snapshot(7, {"r": 7}, {"global": _model(7)}, history_len=7), rows[:1])
+    with StateStore(d) as s:
+        loaded = s.load()
+    assert loaded.snapshot is not None and loaded.snapshot.history_len == 5 and loaded.history == rows
+    with StateStore(d) as s:
+        s._conn.execute("DELETE FROM history WHERE seq = 4")
+        loaded = s.load()
+    assert loaded.snapshot is not None and loaded.snapshot.completed_rounds == 4 and loaded.history == rows[:4]
+    assert "its history has 4 of the 5 rows" in loaded.skipped[0]
 
 
 def test_garbage_db_is_a_store_error(tmp_path: Path) -> None:
@@ -318,7 +362,7 @@ def test_garbage_db_is_a_store_error(tmp_path: Path) -> None:
     (d / "state.db").write_bytes(b"this is not a database at all" * 100)
     with pytest.raises(StoreError, match=re.escape(str(d / "state.db"))) as e:
         StateStore(d)
-    assert "not a usable fedguard state store" in str(e.value)
+    assert "file is not a database" in str(e.value) and "--fresh" in str(e.value)
     with pytest.raises(StoreError):
         StateStore.exists(d)
 
