@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.runs import finished, finite_mean, fmt, launch_run, read_rows  # noqa: E402
+from tools.runs import RunDirError, finished, finite_mean, fmt, launch_run, read_rows  # noqa: E402
 
 SCENARIOS = {"cifar-types": "configs/distfl_cifar_types.toml", "mnist-flip": "configs/distfl_mnist_flip.toml",
              "har": "configs/distfl_har.toml"}
@@ -182,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("dir")
     s.add_argument("--md", default="")
     args = ap.parse_args(argv)
-    return run(args) if args.cmd == "run" else summarize(args)
+    try:
+        return run(args) if args.cmd == "run" else summarize(args)
+    except RunDirError as err:  # a run directory this runner did not write: nothing was touched
+        print(f"{Path(__file__).name}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

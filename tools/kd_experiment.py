@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.runs import finished, finite_mean, fmt, launch_run, read_rows  # noqa: E402
+from tools.runs import RunDirError, finished, finite_mean, fmt, launch_run, read_rows  # noqa: E402
 
 CONFIGS = {"ntd": "configs/hydra_mnist_ntd.toml", "moon": "configs/hydra_mnist_moon.toml",
            "rules": "configs/hydra_mnist_ntd.toml"}
@@ -221,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--md", help="also write the tables to this Markdown file")
     s.add_argument("--plot", help="also draw central accuracy per round to this PNG (needs matplotlib)")
     args = ap.parse_args(argv)
-    return run(args) if args.cmd == "run" else summarize(args)
+    try:
+        return run(args) if args.cmd == "run" else summarize(args)
+    except RunDirError as err:  # a run directory this runner did not write: nothing was touched
+        print(f"{Path(__file__).name}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

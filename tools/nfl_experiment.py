@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
-import os
-import subprocess
+import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,19 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.runs import child_env, finished, finite_mean, fmt, read_rows  # noqa: E402
+from tools.runs import (  # noqa: E402
+    RECORD,
+    RunDirError,
+    Running,
+    finished,
+    finite_mean,
+    fmt,
+    read_record,
+    read_rows,
+    run_state,
+    start_run,
+    versions,
+)
 
 ENVS = {"nfl": "configs/mnist_nfl.toml", "ideal": "configs/mnist_ideal.toml"}
 ARMS = {
@@ -56,66 +69,134 @@ METHOD_ARMS = {
        for m in ("lindt", "ditto", "apfl", "ft", "fb")},
 }
 ALL_ARMS = {**ARMS, **METHOD_ARMS}
+# The tables are means of the last LAST rounds each run reached (the papers' convention).
+LAST = 10
 
 
 def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """The launcher command of one run (``--resume`` is added by :func:`tools.runs.start_run` when it resumes)."""
+    rounds, nr, c, private_epochs = _resolved(env, args)
     cmd = [sys.executable, "-m", "fedguard.launch", "--config", ENVS[env], "--run-dir", str(run_dir), "--seed",
-           str(seed), "--procs", str(args.procs), *ALL_ARMS[arm], "--server-set", f"nfl.nr={args.nr}",
-           "--server-set", f"nfl.c={args.c}",
+           str(seed), "--procs", str(args.procs), *ALL_ARMS[arm], "--server-set", f"nfl.nr={nr}",
+           "--server-set", f"nfl.c={c}",
            # round 1 waits for all N clients, which first train their private models: give them time
-           "--server-set", f"rounds.sampling_timeout_s={args.sampling_timeout}"]
-    if (run_dir / "state").is_dir():
-        cmd.append("--resume")  # a run stopped at the time limit goes on from its last completed round
-    if args.rounds:
-        cmd += ["--rounds", str(args.rounds)]
-    if args.private_epochs is not None:
-        cmd += ["--private-epochs", str(args.private_epochs)]
+           "--server-set", f"rounds.sampling_timeout_s={args.sampling_timeout}",
+           "--rounds", str(rounds), "--private-epochs", str(private_epochs)]
     if args.device:
         cmd += ["--device", args.device]
     return cmd
 
 
+def config_value(env: str, section: str, key: str) -> Any:
+    """A value of the environment's config file (``configs/mnist_<env>.toml``)."""
+    import tomllib
+
+    return tomllib.loads((ROOT / ENVS[env]).read_text())[section][key]
+
+
+def _resolved(env: str, args: argparse.Namespace) -> tuple[int, int, int, int]:
+    """(rounds, nr, c, private epochs) of a run: the arguments, else the config's."""
+    return (args.rounds or int(config_value(env, "rounds", "num_rounds")),
+            args.nr if args.nr is not None else int(config_value(env, "nfl", "nr")),
+            args.c if args.c is not None else int(config_value(env, "nfl", "c")),
+            args.private_epochs if args.private_epochs is not None
+            else int(config_value(env, "launch", "private_epochs")))
+
+
+def run_spec(env: str, arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """What defines a run, kept in its record: a run directory is resumed only by the same spec."""
+    rounds, nr, c, private_epochs = _resolved(env, args)
+    return {"experiment": "nfl", "env": env, "arm": arm, "seed": seed, "config": ENVS[env], "rounds": rounds,
+            "nr": nr, "c": c, "private_epochs": private_epochs, "arm_args": ALL_ARMS[arm]}
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """The runs in the order they start: row by row, (env, arm) with all its seeds, so whole table rows
+    complete early (and the FedAvg runs, every arm's compute reference, come first)."""
+    return [(e, a, s) for e in args.envs for a in args.arms for s in args.seeds]
+
+
+def _parse_until(text: str) -> float:
+    """``--until``: an ISO time (UTC unless it says otherwise) -> epoch seconds; 0 for none."""
+    if not text:
+        return 0.0
+    import datetime as dt
+
+    t = dt.datetime.fromisoformat(text)
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def _estimate(out: Path, env: str, arm: str) -> float:
+    """Wall seconds a run of (env, arm) takes: the longest finished sibling done in one sitting; 0 when none."""
+    walls = []
+    for d in out.glob(f"{env}-{arm}-s*"):
+        try:
+            rec = read_record(d)
+        except RunDirError:
+            continue
+        if rec and rec.get("finished") and not any(s.get("resumed") for s in rec["sittings"]):
+            walls.append(float(rec.get("wall_s") or 0.0))
+    return max(walls, default=0.0)
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(e, a, s) for s in args.seeds for e in args.envs for a in args.arms]
-    env = child_env()
-    running: list[tuple[str, subprocess.Popen[bytes], float, Any]] = []
+    until = _parse_until(args.until)
+    # Every run directory is checked before anything starts: one the runner must not touch stops it here.
+    jobs: list[tuple[str, Path, list[str], dict[str, Any]]] = []
+    try:
+        for e, a, s in plan(args):
+            name, run_dir = f"{e}-{a}-s{s}", out / f"{e}-{a}-s{s}"
+            spec = run_spec(e, a, s, args)
+            state = run_state(run_dir, spec)
+            if state == "finished":
+                print(f"{name}: already finished", flush=True)
+                continue
+            print(f"{name}: {state}", flush=True)
+            jobs.append((name, run_dir, _launch_cmd(e, a, s, args, run_dir), spec))
+    except RunDirError as err:
+        print(f"nfl_experiment: {err}", file=sys.stderr)
+        return 2
+    if not jobs:
+        return 0
+    info = versions()
+    print(f"code: {info['fedguard_commit']} (dirty: {info['fedguard_dirty']}); children import fedserver from "
+          f"{info['child_imports_fedserver_from']}", flush=True)
+    running: list[Running] = []
     t0 = time.monotonic()
+
+    def stamp() -> str:
+        return f"[{time.strftime('%H:%M:%S', time.gmtime())} +{time.monotonic() - t0:6.0f}s]"
+
     while jobs or running:
         while jobs and len(running) < args.parallel:
-            e, a, s = jobs.pop(0)
-            name = f"{e}-{a}-s{s}"
-            run_dir = out / name
-            if finished(run_dir):
-                print(f"[{time.monotonic() - t0:7.1f}s] {name} already finished", flush=True)
-                continue
-            run_dir.mkdir(parents=True, exist_ok=True)
-            log = open(run_dir / "launch.txt", "wb")  # noqa: SIM115 (closed when the run ends)
-            p = subprocess.Popen(_launch_cmd(e, a, s, args, run_dir), stdout=log, stderr=subprocess.STDOUT,
-                                 env=env, cwd=ROOT, start_new_session=True)
-            running.append((name, p, time.monotonic(), log))
-            print(f"[{time.monotonic() - t0:7.1f}s] started {name}", flush=True)
+            name, run_dir, cmd, spec = jobs.pop(0)
+            if until:
+                est = _estimate(out, spec["env"], spec["arm"])
+                if time.time() + est > until:
+                    print(f"{stamp()} {name}: not started, {est:.0f} s would pass --until {args.until}", flush=True)
+                    continue
+            r = start_run(name, cmd, run_dir, spec, int(spec["rounds"]), info)
+            running.append(r)
+            print(f"{stamp()} started {name}{' (resumed)' if r.record['sittings'][-1]['resumed'] else ''}",
+                  flush=True)
         time.sleep(1.0)
-        for item in list(running):
-            name, p, started, log = item
-            over = args.timeout and time.monotonic() - started > args.timeout
-            if p.poll() is None and over:
-                os.killpg(p.pid, 15)  # the server exits 4 (resumable); its completed rounds are on disk
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, 9)
-                    p.wait()
-                print(f"[{time.monotonic() - t0:7.1f}s] stopped {name} at the time limit", flush=True)
-            if p.poll() is not None:
-                log.close()
-                running.remove(item)
-                print(f"[{time.monotonic() - t0:7.1f}s] {name} exit {p.returncode}", flush=True)
+        for r in list(running):
+            over = (args.timeout and r.elapsed() > args.timeout) or (until and time.time() > until)
+            if r.proc.poll() is None and over:
+                r.stop()  # the server exits 4 (resumable); its completed rounds are on disk
+                print(f"{stamp()} stopped {r.name} at the time limit (resumable)", flush=True)
+            if r.proc.poll() is not None:
+                rc = r.close()
+                running.remove(r)
+                print(f"{stamp()} {r.name} exit {rc} after {r.elapsed():.0f} s, {r.record['rounds']}/"
+                      f"{r.record['target_rounds']} rounds{'' if r.record['finished'] else ' (unfinished)'}",
+                      flush=True)
     return 0
 
 
-def _tail(rows: list[dict[str, Any]], key: str, last: int = 10) -> float:
+def _tail(rows: list[dict[str, Any]], key: str, last: int = LAST) -> float:
     return finite_mean([r.get(key, math.nan) for r in rows[-last:]])
 
 
@@ -130,50 +211,187 @@ def _cancel_round(rows: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def summarize(args: argparse.Namespace) -> int:
-    base = Path(args.dir)
-    runs = {p.name: read_rows(p) for p in sorted(base.iterdir()) if p.is_dir()}
-    lines = ["| env | arm | clients | seeds | rounds | central acc | acc | beta | mean abs(beta_hat - beta) | "
-             "detect round | cancel round | compute vs FedAvg | passes vs vanilla |", "|" + " --- |" * 13]
+@dataclass
+class RunData:
+    """One run as ``summarize`` sees it: a run directory, or a collected ``NAME.rounds.jsonl`` (+ record)."""
+
+    name: str
+    env: str
+    arm: str
+    seed: int
+    rows: list[dict[str, Any]]
+    record: dict[str, Any] | None
+    done: bool | None  # None: unknown (no record and no run directory)
+
+    @property
+    def target(self) -> int | None:
+        return int(self.record["target_rounds"]) if self.record and self.record.get("target_rounds") else None
+
+    def reached(self) -> str:
+        """Rounds reached; unfinished runs as "reached/target*"."""
+        if self.done is False:
+            return f"{len(self.rows)}/{self.target or '?'}*"
+        return str(len(self.rows))
+
+    def wall_s(self) -> float:
+        return float(self.record.get("wall_s") or math.nan) if self.record else math.nan
+
+
+_NAME = re.compile(rf"(?:^|-)({'|'.join(ENVS)})-({'|'.join(ALL_ARMS)})-s(\d+)$")
+
+
+def load_runs(paths: list[str]) -> dict[tuple[str, str, int], RunData]:
+    """The runs under ``paths``: each a campaign directory (of run directories or of collected
+    ``NAME.rounds.jsonl`` files), one run directory, or one ``NAME.rounds.jsonl`` file. A name is
+    ``[prefix-]<env>-<arm>-s<seed>``; two runs of the same (env, arm, seed) are refused."""
+    found: list[tuple[str, Path]] = []  # (name, run dir or rounds file)
+    for p in map(Path, paths):
+        if p.is_file() and p.name.endswith(".rounds.jsonl"):
+            found.append((p.name.removesuffix(".rounds.jsonl"), p))
+        elif p.is_dir() and ((p / "rounds.jsonl").exists() or (p / RECORD).exists()):
+            found.append((p.name, p))
+        elif p.is_dir():
+            for q in sorted(p.iterdir()):
+                if q.is_dir() and ((q / "rounds.jsonl").exists() or (q / RECORD).exists()):
+                    found.append((q.name, q))
+                elif q.is_file() and q.name.endswith(".rounds.jsonl"):
+                    found.append((q.name.removesuffix(".rounds.jsonl"), q))
+        else:
+            raise SystemExit(f"summarize: {p} is neither a run directory, a campaign directory nor a "
+                             f"NAME.rounds.jsonl file")
+    runs: dict[tuple[str, str, int], RunData] = {}
+    for name, p in found:
+        m = _NAME.search(name)
+        if not m:
+            continue
+        done: bool | None
+        if p.is_dir():
+            record, done = read_record(p), finished(p)
+        else:
+            record = read_record(p.with_name(name + ".record.json"))
+            done = bool(record.get("finished")) if record else None
+        key = (m.group(1), m.group(2), int(m.group(3)))
+        if key in runs:
+            raise SystemExit(f"summarize: two runs of {key}: {runs[key].name} and {name}; pass one of them")
+        runs[key] = RunData(name, *key, read_rows(p), record, done)
+    return runs
+
+
+def summary_rows(runs: dict[tuple[str, str, int], RunData]) -> list[list[str]]:
+    """One row per (env, arm, client group): means over seeds of the last :data:`LAST` rounds each run reached."""
+    out = []
     for env in ENVS:
         for arm in ALL_ARMS:
             groups = [("adapting", "test_accuracy_adapting", "beta_adapting"),
                       ("holdouts", "test_accuracy_holdout", "beta_holdout")] if arm == "holdouts" else [
                 ("benign", "test_accuracy_benign", "beta_benign")]
-            names = sorted(n for n in runs if n.startswith(f"{env}-{arm}-s") and runs[n])
-            if not names:
+            mine = [runs[k] for k in sorted(runs) if k[:2] == (env, arm) and runs[k].rows]
+            if not mine:
                 continue
             for group, acc_key, beta_key in groups:
-                accs, betas, errs, dets, cans, comp, nrounds, central, passes = [], [], [], [], [], [], [], [], []
-                for n in names:
-                    rows = runs[n]
-                    seed = n.rsplit("-s", 1)[1]
+                accs, betas, errs, comp, central, passes = [], [], [], [], [], []
+                for rd in mine:
+                    rows = rd.rows
                     accs.append(_tail(rows, acc_key))
                     central.append(_tail(rows, "central_accuracy"))
                     passes.append(finite_mean([r.get("client_passes", math.nan) for r in rows]))
                     betas.append(_tail(rows, beta_key))
-                    errs.append(finite_mean([r.get("beta_hat_error", math.nan) for r in rows]))
-                    dets.append(_first(rows, lambda r: r.get("nfl") == "reported"))
-                    cans.append(_cancel_round(rows))
-                    nrounds.append(len(rows))
-                    ref = runs.get(f"{env}-fedavg-s{seed}", [])
-                    mine = finite_mean([r.get("client_seconds", math.nan) for r in rows])
-                    theirs = finite_mean([r.get("client_seconds", math.nan) for r in ref])
-                    comp.append(mine / theirs if theirs and not math.isnan(theirs) else math.nan)
-                lines.append(
-                    f"| {env} | {arm} | {group} | {len(names)} | {'/'.join(map(str, nrounds))} | "
-                    f"{fmt(finite_mean(central))} | {fmt(finite_mean(accs))} | {fmt(finite_mean(betas))} | "
-                    f"{fmt(finite_mean(errs))} | "
-                    f"{'/'.join('-' if d is None else str(d) for d in dets)} | "
-                    f"{'/'.join('-' if c is None else str(c) for c in cans)} | {fmt(finite_mean(comp), 2)}x | "
-                    f"{fmt(finite_mean(passes), 2)}x |")
+                    errs.append(_tail(rows, "beta_hat_error"))
+                    ref = runs.get((env, "fedavg", rd.seed))
+                    theirs = finite_mean([r.get("client_seconds", math.nan) for r in ref.rows]) if ref else math.nan
+                    ours = finite_mean([r.get("client_seconds", math.nan) for r in rows])
+                    comp.append(ours / theirs if theirs and not math.isnan(theirs) else math.nan)
+                out.append([
+                    env, arm, group, "/".join(str(rd.seed) for rd in mine), "/".join(rd.reached() for rd in mine),
+                    fmt(finite_mean(central)), fmt(finite_mean(accs)), fmt(finite_mean(betas)),
+                    fmt(finite_mean(errs)),
+                    "/".join(_opt(_first(rd.rows, lambda r: r.get("nfl") == "reported")) for rd in mine),
+                    "/".join(_opt(_cancel_round(rd.rows)) for rd in mine),
+                    f"{fmt(finite_mean(comp), 2)}x", f"{fmt(finite_mean(passes), 2)}x"])
+    return out
+
+
+def _opt(v: int | None) -> str:
+    return "-" if v is None else str(v)
+
+
+SUMMARY_HEAD = ["env", "arm", "clients", "seeds", "rounds", "central acc", "acc", "beta",
+                f"abs(beta_hat - beta), last {LAST}", "detect round", "cancel round", "compute vs FedAvg",
+                "passes vs vanilla"]
+RUNS_HEAD = ["run", "rounds", "status", "wall (min)", "sittings", "code (fedguard commit)"]
+
+
+def per_run_rows(runs: dict[tuple[str, str, int], RunData]) -> list[list[str]]:
+    """One row per run: rounds reached, finished or not, wall time over all its sittings, the code it ran."""
+    out = []
+    for k in sorted(runs, key=lambda k: (list(ENVS).index(k[0]), list(ALL_ARMS).index(k[1]), k[2])):
+        rd = runs[k]
+        sittings = rd.record["sittings"] if rd.record else []
+        commits = sorted({str(s.get("fedguard_commit", ""))[:10] + ("+dirty" if s.get("fedguard_dirty") else "")
+                          for s in sittings})
+        status = {True: "finished", False: "unfinished", None: "?"}[rd.done]
+        out.append([rd.name, f"{len(rd.rows)}/{rd.target or '?'}", status, fmt(rd.wall_s() / 60.0, 1),
+                    str(len(sittings)) if rd.record else "-", ", ".join(commits) or "-"])
+    return out
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def summarize(args: argparse.Namespace) -> int:
+    try:
+        runs = load_runs(args.paths)
+    except RunDirError as err:
+        print(f"summarize: {err}", file=sys.stderr)
+        return 2
+    lines = _table(SUMMARY_HEAD, summary_rows(runs))
+    if any(rd.done is False for rd in runs.values()):
+        lines.append(f"\n`*` unfinished run: rounds reached / rounds asked; its last {LAST} rounds are not at the "
+                     "end of the run.")
+    if args.runs:
+        lines += ["", *_table(RUNS_HEAD, per_run_rows(runs))]
     text = "\n".join(lines)
     print(text)
     if args.md:
         Path(args.md).write_text(text + "\n")
     if args.plot:
-        _plot(runs, Path(args.plot))
+        _plot({rd.name: rd.rows for rd in runs.values()}, Path(args.plot))
         print(f"plot: {args.plot}")
+    return 0
+
+
+def collect(args: argparse.Namespace) -> int:
+    """Copy the runs' per-round files and records out of a campaign directory (``NAME.rounds.jsonl``,
+    ``NAME.record.json``), the finished ones (``--partial``: also the unfinished ones), for committing. A
+    collected file is only replaced by a longer run of the same rows (never by another run's)."""
+    src, dest = Path(args.out), Path(args.dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for d in sorted(p for p in src.iterdir() if p.is_dir() and _NAME.search(p.name)):
+        rows_path = d / "rounds.jsonl"
+        try:
+            record = read_record(d)
+        except RunDirError as err:
+            print(f"collect: skipped {d.name}: {err}", file=sys.stderr)
+            continue
+        if not rows_path.exists() or record is None or not (finished(d) or args.partial):
+            continue
+        new = rows_path.read_text()
+        target = dest / f"{d.name}.rounds.jsonl"
+        if target.exists() and not new.startswith(target.read_text()):
+            print(f"collect: {target} holds other rows than {rows_path}; left as it is", file=sys.stderr)
+            continue
+        record = {**record, "finished": finished(d), "rounds": len(read_rows(d))}
+        if target.exists() and target.read_text() == new and \
+                (dest / f"{d.name}.record.json").exists() and read_record(dest / f"{d.name}.record.json") == record:
+            continue
+        target.write_text(new)
+        (dest / f"{d.name}.record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        copied += 1
+        print(f"collected {d.name}: {record['rounds']}/{record.get('target_rounds')} rounds"
+              f"{'' if record['finished'] else ' (unfinished)'}")
+    print(f"{copied} run(s) copied to {dest}")
     return 0
 
 
@@ -224,19 +442,31 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--parallel", type=int, default=2)
     r.add_argument("--procs", type=int, default=1, help="client processes per run")
     r.add_argument("--rounds", type=int, default=0, help="0: the config's (150)")
-    r.add_argument("--private-epochs", type=int, default=None)
-    r.add_argument("--nr", type=int, default=20)
-    r.add_argument("--c", type=int, default=20)
-    r.add_argument("--timeout", type=float, default=0.0, help="stop a run after this many seconds (0: never)")
+    r.add_argument("--private-epochs", type=int, default=None, help="default: the config's (20)")
+    r.add_argument("--nr", type=int, default=None, help="nfl.nr (default: the config's, 20)")
+    r.add_argument("--c", type=int, default=None, help="nfl.c (default: the config's, 20)")
+    r.add_argument("--timeout", type=float, default=0.0,
+                   help="stop a run after this many seconds of this sitting (0: never); it resumes next time")
+    r.add_argument("--until", default="",
+                   help="ISO time (UTC unless it says otherwise), e.g. 2026-11-25T05:20: start no run that the "
+                        "longest finished run of its (env, arm) says would pass it, and stop (resumably) what "
+                        "still runs then")
     r.add_argument("--device", default="")
     r.add_argument("--sampling-timeout", type=float, default=3600.0,
                    help="rounds.sampling_timeout_s: how long round 1 waits for the fleet (private models first)")
     s = sub.add_parser("summarize")
-    s.add_argument("dir")
+    s.add_argument("paths", nargs="+", metavar="PATH",
+                   help="campaign directories (of run directories or collected NAME.rounds.jsonl files), run "
+                        "directories or NAME.rounds.jsonl files; a name is [prefix-]<env>-<arm>-s<seed>")
     s.add_argument("--md", default="")
+    s.add_argument("--runs", action="store_true", help="also a table per run: rounds, status, wall time, code")
     s.add_argument("--plot", default="", help="write a PNG of accuracy and beta per round (needs matplotlib)")
+    c = sub.add_parser("collect", help="copy finished runs' rounds.jsonl and record.json out for committing")
+    c.add_argument("out", help="the campaign directory (run --out)")
+    c.add_argument("dest", help="where NAME.rounds.jsonl and NAME.record.json go (e.g. docs/results/nfl_paper)")
+    c.add_argument("--partial", action="store_true", help="also the unfinished runs (marked in their record)")
     args = ap.parse_args(argv)
-    return run(args) if args.cmd == "run" else summarize(args)
+    return {"run": run, "summarize": summarize, "collect": collect}[args.cmd](args)
 
 
 if __name__ == "__main__":

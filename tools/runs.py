@@ -1,15 +1,37 @@
-"""What the experiment drivers (``tools/nfl_experiment.py``, ``tools/distfl_experiment.py``) share: reading a run
-directory the launcher wrote, the environment of the runs they start, and the number formatting of their tables."""
+"""What the experiment drivers (``tools/nfl_experiment.py``, ``tools/distfl_experiment.py``,
+``tools/kd_experiment.py``) share: reading a run directory the launcher wrote, deciding whether a run is new,
+finished or to be resumed, the run's record (``record.json`` beside its ``rounds.jsonl``: every sitting's command,
+versions, seed, wall time and rounds), the environment of the runs they start, and the number formatting of their
+tables.
+
+A campaign spans several sittings (a machine's command limit, a session's end): running the same command again
+skips the finished runs and resumes the unfinished ones (``fedguard-launch --resume``: the server goes on from its
+last completed round). The runner only ever touches a run directory it wrote itself: one that holds files but no
+readable record, or whose record names another experiment, stops the runner with a message instead
+(:class:`RunDirError`); nothing is moved or deleted.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import json
 import math
 import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
+RECORD = "record.json"
+
+
+class RunDirError(RuntimeError):
+    """A run directory the runner must not touch (not written by it, unreadable, or another experiment's)."""
 
 
 def finished(run_dir: Path) -> bool:
@@ -30,8 +52,8 @@ def finished(run_dir: Path) -> bool:
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's ``rounds.jsonl`` rows (empty when it has none yet)."""
-    path = run_dir / "rounds.jsonl"
+    """The run's ``rounds.jsonl`` rows (empty when it has none yet); ``run_dir`` may also be the file itself."""
+    path = run_dir if run_dir.name.endswith("rounds.jsonl") else run_dir / "rounds.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -49,33 +71,173 @@ def fmt(v: float, digits: int = 3) -> str:
 
 
 def child_env() -> dict[str, str]:
-    """The environment of a launched run: one OpenMP thread per process, the checkout importable."""
+    """The environment of a launched run: one OpenMP thread per process, this checkout importable first (a
+    campaign run from a frozen copy, ``git worktree add``, imports that copy, not an editable install)."""
     return {**os.environ, "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
 
 
-def launch_run(cmd: list[str], run_dir: Path, timeout: float) -> int:
-    """Run one launcher command (``--resume`` added when ``run_dir`` holds a state) with its output appended to
-    ``run_dir/launch.txt``; after ``timeout`` seconds (0: none) it is stopped with SIGTERM, so the server exits
-    resumable with its completed rounds on disk. Prints and returns the exit code."""
-    import subprocess
-    import sys
-    import time
+# ---- the run's record ----
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if (run_dir / "state").is_dir():
-        cmd = [*cmd, "--resume"]
-    started = time.monotonic()
-    with open(run_dir / "launch.txt", "ab") as log:
-        log.write((" ".join(cmd) + "\n").encode())
-        log.flush()
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
-                             start_new_session=True)
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The record at ``path`` (a run directory's ``record.json`` or a collected ``NAME.record.json``); None when
+    there is none. RunDirError when it exists but cannot be read."""
+    if path.is_dir():
+        path = path / RECORD
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunDirError(f"{path}: unreadable run record ({e}); nothing was changed") from e
+    if not isinstance(record, dict) or not isinstance(record.get("spec"), dict) \
+            or not isinstance(record.get("sittings"), list):
+        raise RunDirError(f"{path}: not a run record written by tools/runs.py; nothing was changed")
+    return record
+
+
+def write_record(run_dir: Path, record: dict[str, Any]) -> None:
+    """Write the record atomically (a stop mid-write leaves the previous one)."""
+    tmp = run_dir / (RECORD + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, run_dir / RECORD)
+
+
+def run_state(run_dir: Path, spec: dict[str, Any]) -> str:
+    """What to do with ``run_dir`` for the run ``spec`` describes: "new" (absent or empty), "finished" (its
+    server completed the federation: skipped, whoever wrote it), or "resume" (this runner's record of the same
+    spec, not finished). RunDirError for anything else: files without a readable record (not written by this
+    runner), or a record of another spec (the same directory asked to hold a different experiment)."""
+    if not run_dir.exists() or (run_dir.is_dir() and not any(run_dir.iterdir())):
+        return "new"
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: exists and is not a directory; nothing was changed")
+    if finished(run_dir):
+        return "finished"
+    record = read_record(run_dir)
+    if record is None:
+        raise RunDirError(
+            f"{run_dir}: holds files but no {RECORD}, so it was not written by this runner (an older runner's or "
+            f"someone else's run); nothing was changed. Move it away, or choose another --out.")
+    if record["spec"] != spec:
+        diff = {k: (record["spec"].get(k), spec.get(k)) for k in sorted(set(record["spec"]) | set(spec))
+                if record["spec"].get(k) != spec.get(k)}
+        raise RunDirError(f"{run_dir}: its record is of another run ({diff}, recorded vs asked); nothing was "
+                          f"changed. Use the recorded settings to resume it, or choose another --out.")
+    return "resume"
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def versions() -> dict[str, Any]:
+    """What produced a sitting: the fedguard commit of the code the runs import (and whether that checkout had
+    uncommitted changes to tracked files), where the children import ``fedserver`` from, and package versions."""
+    probe = subprocess.run([sys.executable, "-c", "import fedserver, fedclient; print(fedserver.__file__)"],
+                           capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=120, check=False)
+    return {"fedguard_commit": _git("rev-parse", "HEAD"),
+            "fedguard_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "fedguard_root": str(ROOT), "child_imports_fedserver_from": probe.stdout.strip() or probe.stderr[-300:],
+            "python": platform.python_version(), "torch": _version("torch"), "numpy": _version("numpy"),
+            "grpcio": _version("grpcio"), "platform": platform.platform(), "cpus": os.cpu_count()}
+
+
+def now_utc() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class Running:
+    """One sitting of one run: its launcher process, log and record."""
+
+    name: str
+    run_dir: Path
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    record: dict[str, Any]
+    started: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def stop(self) -> None:
+        """SIGTERM the run's process group: the server exits resumable (4) with its completed rounds on disk."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 15)
         try:
-            p.wait(timeout=timeout or None)
+            self.proc.wait(60)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 15)
-            p.wait()
-    print(f"{run_dir.name}: exit {p.returncode} after {time.monotonic() - started:.0f} s", file=sys.stdout,
-          flush=True)
-    return p.returncode
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+
+    def close(self) -> int:
+        """Record the sitting's end (exit code, wall time, rounds reached, finished) and close the log."""
+        rc = self.proc.wait()
+        self.log.close()
+        sitting = self.record["sittings"][-1]
+        rows = read_rows(self.run_dir)
+        sitting.update(ended_utc=now_utc(), wall_s=round(self.elapsed(), 1), exit=rc, rounds_after=len(rows))
+        self.record.update(rounds=len(rows), finished=finished(self.run_dir),
+                           wall_s=round(sum(float(s.get("wall_s") or 0.0) for s in self.record["sittings"]), 1))
+        write_record(self.run_dir, self.record)
+        return rc
+
+
+def start_run(name: str, cmd: list[str], run_dir: Path, spec: dict[str, Any], target_rounds: int,
+              info: dict[str, Any]) -> Running:
+    """Start one sitting of the run ``spec`` in ``run_dir`` (call :func:`run_state` first): ``--resume`` added
+    when this runner's record is there (the server resumes from its last completed round, the launcher appends to
+    the logs), the record written before the launcher starts, the launcher's output appended to ``launch.txt``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = read_record(run_dir)
+    resumed = record is not None
+    if record is None:
+        record = {"name": name, "spec": spec, "seed": spec.get("seed"), "target_rounds": target_rounds,
+                  "sittings": [], "rounds": 0, "finished": False, "wall_s": 0.0}
+    if resumed:
+        cmd = [*cmd, "--resume"]
+    record["sittings"].append({"command": cmd, "cwd": str(ROOT), "started_utc": now_utc(), "ended_utc": None,
+                               "resumed": resumed, "rounds_before": len(read_rows(run_dir)), "wall_s": None,
+                               "exit": None, **info})
+    write_record(run_dir, record)
+    log = open(run_dir / "launch.txt", "ab")  # noqa: SIM115 (closed by Running.close)
+    log.write(f"# {now_utc()} {' '.join(cmd)}\n".encode())
+    log.flush()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
+                            start_new_session=True)
+    return Running(name, run_dir, proc, log, record)
+
+
+def launch_run(cmd: list[str], run_dir: Path, timeout: float, spec: dict[str, Any] | None = None,
+               target_rounds: int = 0) -> int:
+    """Run one sitting of one launcher command to its end (the sequential drivers): skipped when finished,
+    resumed when this runner's record is there, refused (RunDirError) for a directory it did not write. After
+    ``timeout`` seconds (0: none) it is stopped with SIGTERM, so the server exits resumable with its completed
+    rounds on disk. Prints and returns the exit code (0 for a finished run)."""
+    spec = spec if spec is not None else {"command": [c for c in cmd[1:] if c != "--resume"]}
+    if run_state(run_dir, spec) == "finished":
+        print(f"{run_dir.name}: already finished", flush=True)
+        return 0
+    r = start_run(run_dir.name, cmd, run_dir, spec, target_rounds, versions())
+    try:
+        r.proc.wait(timeout=timeout or None)
+    except subprocess.TimeoutExpired:
+        r.stop()
+    rc = r.close()
+    print(f"{run_dir.name}: exit {rc} after {r.elapsed():.0f} s", file=sys.stdout, flush=True)
+    return rc
