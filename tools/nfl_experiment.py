@@ -307,8 +307,12 @@ def summary_rows(runs: dict[tuple[str, str, int], RunData]) -> list[list[str]]:
                     fmt(finite_mean(errs)),
                     "/".join(_opt(_first(rd.rows, lambda r: r.get("nfl") == "reported")) for rd in mine),
                     "/".join(_opt(_cancel_round(rd.rows)) for rd in mine),
-                    f"{fmt(finite_mean(comp), 2)}x", f"{fmt(finite_mean(passes), 2)}x"])
+                    _ratio(finite_mean(comp)), _ratio(finite_mean(passes))])
     return out
+
+
+def _ratio(v: float) -> str:
+    return "-" if math.isnan(v) else f"{v:.2f}x"
 
 
 def _opt(v: int | None) -> str:
@@ -318,7 +322,7 @@ def _opt(v: int | None) -> str:
 SUMMARY_HEAD = ["env", "arm", "clients", "seeds", "rounds", "central acc", "acc", "beta",
                 f"abs(beta_hat - beta), last {LAST}", "detect round", "cancel round", "compute vs FedAvg",
                 "passes vs vanilla"]
-RUNS_HEAD = ["run", "rounds", "status", "wall (min)", "sittings", "code (fedguard commit)"]
+RUNS_HEAD = ["run", "rounds", "status", "wall (min)", "sittings", "resumed after round", "code (fedguard commit)"]
 
 
 def per_run_rows(runs: dict[tuple[str, str, int], RunData]) -> list[list[str]]:
@@ -330,8 +334,11 @@ def per_run_rows(runs: dict[tuple[str, str, int], RunData]) -> list[list[str]]:
         commits = sorted({str(s.get("fedguard_commit", ""))[:10] + ("+dirty" if s.get("fedguard_dirty") else "")
                           for s in sittings})
         status = {True: "finished", False: "unfinished", None: "?"}[rd.done]
+        # A sitting that resumed after completed rounds: the server went on from its snapshot, the clients'
+        # private models were trained again (same seed) and their in-memory adaptation state started over.
+        resumed = [str(s.get("rounds_before")) for s in sittings if s.get("resumed") and s.get("rounds_before")]
         out.append([rd.name, f"{len(rd.rows)}/{rd.target or '?'}", status, fmt(rd.wall_s() / 60.0, 1),
-                    str(len(sittings)) if rd.record else "-", ", ".join(commits) or "-"])
+                    str(len(sittings)) if rd.record else "-", ", ".join(resumed) or "-", ", ".join(commits) or "-"])
     return out
 
 

@@ -112,9 +112,9 @@ def run_state(run_dir: Path, spec: dict[str, Any]) -> str:
         return "new"
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: exists and is not a directory; nothing was changed")
-    if finished(run_dir):
-        return "finished"
     record = read_record(run_dir)
+    if finished(run_dir) and (record is None or record["spec"] == spec):
+        return "finished"
     if record is None:
         raise RunDirError(
             f"{run_dir}: holds files but no {RECORD}, so it was not written by this runner (an older runner's or "
