@@ -270,3 +270,27 @@ def test_the_paper_scale_table_is_recomputed_from_its_committed_rows() -> None:
         pytest.skip("no paper-scale runs committed yet")
     committed = _md_rows(res / "nfl_paper.md", "## The table")
     assert committed and committed == _summary([res / "nfl_paper"])
+
+
+def test_the_sequential_drivers_skip_resume_and_refuse_through_launch_run(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """tools/distfl_experiment.py and tools/kd_experiment.py start their runs with launch_run."""
+    import tools.runs as runs
+
+    monkeypatch.setattr(runs, "versions", lambda: {"fedguard_commit": "abc"})
+    d = tmp_path / "mnist-flip-distfl-s0"
+    cmd = [sys.executable, "-c", FAKE, str(d)]
+    assert runs.launch_run(cmd, d, 0.0, target_rounds=30) == 0
+    assert runs.launch_run(cmd, d, 0.0, target_rounds=30) == 0
+    rec = read_record(d)
+    assert rec is not None and [s["resumed"] for s in rec["sittings"]] == [False, True]
+    assert rec["spec"] == {"command": cmd[1:]} and rec["target_rounds"] == 30
+    _finish(d)
+    assert runs.launch_run(cmd, d, 0.0) == 0  # finished: skipped
+    assert len(read_record(d)["sittings"]) == 2  # type: ignore[index]
+    foreign = tmp_path / "kd-s0"
+    foreign.mkdir()
+    (foreign / "server.log").write_text("x")
+    with pytest.raises(RunDirError):
+        runs.launch_run([sys.executable, "-c", FAKE, str(foreign)], foreign, 0.0)
+    assert sorted(p.name for p in foreign.iterdir()) == ["server.log"]
