@@ -19,9 +19,10 @@ import threading
 from types import FrameType
 
 # Only what the parser needs is imported here: ``fedclient --help`` answers without importing torch.
+from fedcore.names import ATTACKS, DATASETS, TRAINERS, one_of
 
-# fedcore.attacks.poisoning.KINDS, spelled out so that the parser does not import torch (a test holds them equal).
-ATTACK_KINDS = ("none", "label_flip", "backdoor", "model_replacement", "stat_opt", "dyn_opt")
+# fedcore.attacks.poisoning.KINDS, from the torch-free fedcore.names (a test holds them equal).
+ATTACK_KINDS = ATTACKS
 
 _FLAGS = {
     "server": (str, "server address host:port"),
@@ -33,11 +34,12 @@ _FLAGS = {
     "key": (str, "PEM key of the client certificate"),
     "server_name": (str, "name to check the server certificate against (default: the host in --server)"),
     "signing_key": (str, "Ed25519 key that signs every request (fedguard-certs keygen)"),
-    "dataset": (str, "this client's own dataset (default: the server's, with its partition options only)"),
+    "dataset": (str, f"this client's own dataset: {one_of(DATASETS)} (default: the server's, with its partition "
+                     "options only)"),
     "state_dir": (str, "directory that keeps the client's identity across restarts"),
     "data_index": (int, "shard index of the server's dataset (simulation)"),
-    "trainer": (str, "this client's own trainer (default: the method the server announces, [recovery] method): "
-                     "flguard, ditto, apfl, ft, fb, vanilla, or noop (return the model at once; benchmarks)"),
+    "trainer": (str, f"this client's own trainer: {one_of(TRAINERS)} (default: the method the server announces, "
+                     "[recovery] method; noop returns the model at once: benchmarks)"),
     "straggler": (str, "simulation: straggler delay 'fixed' (default) or 'lognormal'"),
     "straggler_delay": (float, "simulation: extra seconds before each upload (lognormal: the median)"),
     "straggler_sigma": (float, "simulation: log-space standard deviation of a lognormal straggler delay"),
@@ -48,7 +50,8 @@ _FLAGS = {
     "sim_seed": (int, "simulation: seed mixed into every draw"),
     "long_poll": (float, "longest server-side wait of one poll, seconds"),
     "give_up_after": (float, "stop after this many seconds without the server (0 = never)"),
-    "torch_threads": (int, "torch intra-op threads (0 = torch default)"),
+    "torch_threads": (int, "torch intra-op threads (default: max(1, cores // client processes on this machine), "
+                           "counted at start)"),
     "private_epochs": (int, "train a private model this many epochs first and report its accuracy P_i"),
     "device": (str, "where to train: cpu (default), cuda, cuda:N, or auto (a GPU when torch sees one)"),
 }
@@ -122,9 +125,16 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append((["log_level"], args.log_level))
     try:
         config = build_config(ClientConfig, args.config, overrides)
+        from fedcore.preflight import check_data_dir
+
+        check_data_dir(config.data_options, "data_options")  # an explicit data_dir that is not there: now
     except ConfigError as e:
         print(f"fedclient: configuration error: {e}", file=sys.stderr)
         return 2
+    if not config.torch_threads:  # co-hosted client processes share the cores (fedcore.cores)
+        from fedcore.cores import client_processes, threads_per_process
+
+        config.torch_threads = threads_per_process(client_processes())
     configure_logging(json=config.log_json, level=config.log_level)
     from fedclient.client import FedClient, FedClientError
 
@@ -140,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except FedClientError as e:
         print(f"fedclient: {e}", file=sys.stderr)
         return 2
-    return 0 if summary.finished else 1
+    if summary.vanished:  # simulated dropout or availability: gone on purpose, not a failure
+        print(f"fedclient: {summary.client_id} vanished (simulated device)", file=sys.stderr)
+    return 0 if summary.finished or summary.vanished else 1
 
 
 if __name__ == "__main__":

@@ -91,6 +91,8 @@ class ClientSummary:
     rejoins: int = 0
     last_round: int = 0
     finished: bool = False
+    # The simulated device left for good (a dropout that never returns, or its last availability window ended).
+    vanished: bool = False
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -193,6 +195,7 @@ class FedClient:
             self.log.info("client.stopped", client_id=self.client_id)
         except DeviceGone:
             self._session = ""  # a vanished device says nothing: no leave
+            self.summary.vanished = True
         finally:
             self._leave()
             if self._transport is not None:

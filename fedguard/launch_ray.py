@@ -42,10 +42,20 @@ class RayHost:
         except ray.exceptions.RayError:
             return 1
 
+    def poll(self) -> int | None:
+        """The host's exit status once it returned (1 when the actor died), None while it runs."""
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
     def terminate(self) -> None:
         import ray
 
         ray.kill(self.actor)
+
+    def kill(self) -> None:
+        self.terminate()
 
 
 def connect(address: str) -> None:

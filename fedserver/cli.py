@@ -28,6 +28,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
+from fedcore.names import DATASETS, DETECTORS, MODELS, NFL_MODES, RULES, TRAINERS, one_of
 from fedserver.errors import EXIT_CONFIG, EXIT_STALLED, EXIT_STOPPED
 
 # Only what the parser needs is imported here: ``fedserver --help`` answers without importing torch.
@@ -50,25 +51,29 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
                                                 "--enroll): every request must be signed"),
     "rounds": ("rounds.num_rounds", int, "number of rounds R"),
     "clients_per_round": ("rounds.clients_per_round", int, "K: updates that close a round"),
-    "min_updates": ("rounds.min_updates", int, "updates that suffice at the deadline (0 = K)"),
+    "min_updates": ("rounds.min_updates", int, "updates that suffice when a round closes early or at its deadline "
+                                               "(0 = half of K rounded up, raised to what the aggregation rule "
+                                               "needs)"),
     "min_available": ("rounds.min_available", int, "clients needed before a round starts (0 = K)"),
     "over_select": ("rounds.over_select", float, "select ceil(K * over_select) clients"),
     "round_timeout": ("rounds.round_timeout_s", float, "round deadline in seconds"),
     "seed": ("rounds.seed", int, "seed of selection and model initialisation"),
-    "model": ("model.name", str, "model name or import path pkg.mod:factory"),
-    "dataset": ("data.dataset", str, "dataset clients derive their shards from"),
+    "model": ("model.name", str, f"model: {one_of(MODELS)}, or an import path pkg.mod:factory"),
+    "dataset": ("data.dataset", str, f"dataset clients derive their shards from: {one_of(DATASETS)}"),
     "epochs": ("training.local_epochs", int, "local epochs E"),
     "batch_size": ("training.batch_size", int, "local batch size B"),
     "lr": ("training.learning_rate", float, "client learning rate"),
-    "nfl_mode": ("nfl.mode", str, "detect-and-recover (default), always-recover or off"),
-    "detector": ("nfl.detector", str, "NFL detector: beta_hat (FL-GUARD, default) or delta (LINDT)"),
+    "rule": ("aggregation.rule", str, f"aggregation rule: {one_of(RULES)} (default fedavg)"),
+    "nfl_mode": ("nfl.mode", str, f"{one_of(NFL_MODES)} (default {NFL_MODES[0]})"),
+    "detector": ("nfl.detector", str, f"NFL detector: {one_of(DETECTORS)} (beta_hat: FL-GUARD, default; delta: "
+                                      "LINDT)"),
     "nr": ("nfl.nr", int, "beta_hat: report NFL after more than NR negative rounds"),
     "c": ("nfl.c", int, "beta_hat: average the last c round medians; cancel after c non-negative rounds"),
     "epsilon": ("nfl.epsilon", float, "delta: the threshold epsilon on delta"),
     "r_prime": ("nfl.r_prime", int, "delta: report NFL after more than r' rounds with delta > epsilon"),
     "recovery": ("nfl.recovery", str, "long-term (never stops) or short-term (stops at the cancel)"),
-    "recovery_method": ("recovery.method", str, "the clients' recovery method: flguard (default), ditto, apfl, ft, fb, "
-                                               "or vanilla (none)"),
+    "recovery_method": ("recovery.method", str, f"the clients' recovery method (a trainer): {one_of(TRAINERS)} "
+                                               "(default flguard; vanilla: none)"),
 }
 
 
@@ -92,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fresh", action="store_true",
                     help="start a new federation even if RUN_DIR holds one; the old state is moved to "
                          "RUN_DIR/previous/<time>/, never deleted")
+    ap.add_argument("--fall-back", action="store_true", default=None,
+                    help="when the newest snapshots in RUN_DIR/state fail verification, resume from the newest one "
+                         "that verifies; the others move to RUN_DIR/state/quarantine/<time>/, kept "
+                         "[persistence.fall_back]")
     ap.add_argument("--insecure", action="store_true", default=None,
                     help="serve plaintext gRPC (no TLS): only on a network you trust [security.insecure]")
     ap.add_argument("--print-config", action="store_true",
@@ -99,10 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    from fedcore.config import TOKEN_ENV, ConfigError, ServerConfig, build_config, parse_override
+def config_from_args(args: argparse.Namespace, transport_optional: bool = False) -> ServerConfig:
+    """The configuration: defaults <- ``--config`` (its ``[launch]`` table, the launcher's, is left out with a
+    note) <- ``--set`` <- the named flags. ``transport_optional`` (``--print-config``): no TLS files and no
+    ``--insecure`` is not an error (a note says the server needs one of them to start)."""
+    from fedcore.config import TOKEN_ENV, ConfigError, ServerConfig, build_config, load_toml, parse_override
 
-    overrides = [parse_override(s) for s in args.set]
+    overrides: list[tuple[list[str], Any]] = []
+    if args.config:
+        data = load_toml(args.config)
+        if data.pop("launch", None) is not None:
+            print(f"fedserver: note: {args.config}: the [launch] table holds fedguard-launch's options (clients, "
+                  "attackers, ...); the server ignores it", file=sys.stderr)
+        overrides += [([section], value) for section, value in data.items()]
+    overrides += [parse_override(s) for s in args.set]
     for flag, (path, _, _) in _FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
@@ -117,6 +136,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                 raise ConfigError(path, f"--{flag.replace('_', '-')} is not valid JSON: {e}") from None
     if args.insecure is not None:
         overrides.append((["security", "insecure"], True))
+    if args.fall_back is not None:
+        overrides.append((["persistence", "fall_back"], True))
     token = os.environ.get(TOKEN_ENV)
     if token and args.token is None and args.token_file is None:
         overrides.append((["server", "token"], token))
@@ -124,23 +145,32 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         overrides.append((["server", "log_json"], True))
     if args.log_level is not None:
         overrides.append((["server", "log_level"], args.log_level))
-    return build_config(ServerConfig, args.config, overrides)
+    try:
+        return build_config(ServerConfig, None, overrides)
+    except ConfigError as e:
+        if not (transport_optional and e.field == "security.tls_cert"):
+            raise
+    config = build_config(ServerConfig, None, [*overrides, (["security", "insecure"], True)])
+    config.security.insecure = False
+    print("fedserver: note: no transport given: to start, the server needs --tls-cert/--tls-key (TLS) or "
+          "--insecure", file=sys.stderr)
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from fedcore.config import ConfigError, redacted
     from fedcore.log import configure_logging
+    from fedserver.rundir import RunDirLocked
     from fedserver.store import StoreError
 
     try:
-        config = config_from_args(args)
-        from fedcore.config import check_aggregation_memory
-        from fedcore.models import build_model  # validate the model (and what it costs) before listening
+        config = config_from_args(args, transport_optional=args.print_config)
+        if not args.print_config:
+            # the data present, the model on one of its samples, the aggregation's memory: before listening
+            from fedcore.preflight import check_server_config
 
-        model = build_model(config.model.name, config.model.kwargs)
-        num_params = sum(p.numel() for p in model.state_dict().values() if p.is_floating_point())
-        check_aggregation_memory(config, num_params)
+            check_server_config(config)
         if config.evaluation.central:
             from fedserver.coordinator import evaluation_device
 
@@ -168,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     except StoreError as e:
         print(f"fedserver: state store: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except RunDirLocked as e:
+        print(f"fedserver: run directory: {e}", file=sys.stderr)
         return EXIT_CONFIG
     except OSError as e:
         print(f"fedserver: {e}", file=sys.stderr)

@@ -21,13 +21,22 @@ DOWNLOAD_CACHE_DIR = Path("~/.cache/fedguard/data").expanduser()
 
 
 def candidate_roots(data_dir: str | os.PathLike[str] | None) -> list[Path]:
-    """The roots a loader looks in, most specific first (only the explicit one when given)."""
+    """The roots a loader looks in: only the explicit ``data_dir`` when given, else only ``FEDGUARD_DATA_DIR``
+    when set, else the shared folder. An explicit folder that does not exist is a :class:`DataError`: it is never
+    replaced by another copy of the data found elsewhere."""
     if data_dir is not None and str(data_dir) != "":
-        return [Path(data_dir).expanduser()]
+        return [_existing(Path(data_dir).expanduser(), "the dataset option data_dir")]
     env = os.environ.get(ENV_VAR, "")
     if env:
-        return [Path(env).expanduser()]
+        return [_existing(Path(env).expanduser(), f"the environment variable {ENV_VAR}")]
     return [SHARED_DATA_DIR]
+
+
+def _existing(root: Path, named_by: str) -> Path:
+    if not root.is_dir():
+        raise DataError(f"data_dir {root} (named by {named_by}) does not exist; an explicit data folder is used as "
+                        "given, never replaced by another copy")
+    return root
 
 
 def find_dataset_dir(data_dir: str | os.PathLike[str] | None, subdirs: Sequence[str],

@@ -65,6 +65,9 @@ def kl_matrix(vectors: Sequence[Response]) -> torch.Tensor:
     concatenation of Eq. 5 read as one distribution -- so ``p[i][j]`` is the mean over the z inputs of the
     per-input KL divergence (module docstring). Probabilities are clamped to :data:`KL_EPS` inside the logs;
     the diagonal is exactly 0 and rounding below 0 is clipped to 0. All vectors must have the same length.
+
+    Each row is ``Σ P_i (log P_i - log P_j)`` summed elementwise (not ``Σ P log P`` minus a matmul, whose two sums
+    add in orders that depend on the CPU and BLAS build): two identical responses give exactly 0 on any machine.
     """
     n = len(vectors)
     if n == 0:
@@ -78,9 +81,8 @@ def kl_matrix(vectors: Sequence[Response]) -> torch.Tensor:
             raise ValueError(f"kl_matrix: response {i} is not a finite, non-negative, non-zero vector")
     p = torch.stack([f / f.sum() for f in flats])  # [n, L], rows sum to 1
     logp = p.clamp_min(KL_EPS).log()
-    self_term = (p * logp).sum(dim=1)  # Σ P log P (a 0 entry contributes 0)
-    cross = p @ logp.T  # cross[i, j] = Σ P_i log P_j
-    out = (self_term[:, None] - cross).clamp_min(0.0)
+    # row i: Σ_l P_i[l] (log P_i[l] - log P_j[l]) for every j, one [n, L] block at a time (a 0 entry contributes 0)
+    out = torch.stack([(p[i] * (logp[i] - logp)).sum(dim=1) for i in range(n)]).clamp_min(0.0)
     out.fill_diagonal_(0.0)
     return out
 

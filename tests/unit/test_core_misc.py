@@ -138,19 +138,14 @@ def test_device_resolution_is_clear_when_no_gpu(monkeypatch: pytest.MonkeyPatch)
     assert client.summary.reconnects == 0
 
 
-def test_launcher_waits_for_the_fleet_unless_the_experiment_says_otherwise(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_launcher_waits_for_the_fleet_unless_the_experiment_says_otherwise() -> None:
     import argparse
-    import json
 
     from fedguard.launch import _configures_min_available
 
-    cfg = tmp_path / "server.json"
-    cfg.write_text(json.dumps({"rounds": {"num_rounds": 3}}))
-    args = argparse.Namespace(server_set=[], server_config=cfg)
-    assert not _configures_min_available(args)
-    cfg.write_text(json.dumps({"rounds": {"min_available": 5}}))
-    assert _configures_min_available(args)
-    assert _configures_min_available(argparse.Namespace(server_set=["rounds.min_available = 2"], server_config=None))
+    assert not _configures_min_available(argparse.Namespace(server_set=[], server_part={"rounds": {"num_rounds": 3}}))
+    assert _configures_min_available(argparse.Namespace(server_set=[], server_part={"rounds": {"min_available": 5}}))
+    assert _configures_min_available(argparse.Namespace(server_set=["rounds.min_available = 2"], server_part={}))
 
 
 

@@ -244,13 +244,16 @@ def test_kl_matrix_against_a_hand_computation() -> None:
     f64 = torch.float64
     p = kl_matrix([torch.tensor(v1, dtype=f64), torch.tensor(v2, dtype=f64), [a for r in v3 for a in r]])
     assert p.shape == (3, 3) and p.dtype == torch.float64
+    # Tolerance from the arithmetic: each entry sums 4 float64 terms of magnitude < 1, each carrying a rounding error
+    # of a few ulps, so |error| < 4 * 4 * 2^-53 ~ 2e-15 whatever the summation order (CPU, vector width).
     for i, vi in enumerate((v1, v2, v3)):
         for j, vj in enumerate((v1, v2, v3)):
-            assert p[i, j].item() == pytest.approx(_kl_rows(vi, vj), rel=1e-12, abs=1e-15)
+            assert p[i, j].item() == pytest.approx(_kl_rows(vi, vj), rel=0, abs=2e-15)
     assert p[0, 1].item() == pytest.approx(0.5 * (0.5 * math.log(2) + 0.5 * math.log(0.5 / 0.75)
                                                   + 0.9 * math.log(1.8) + 0.1 * math.log(0.2)))
     assert p[0, 1].item() != pytest.approx(p[1, 0].item())  # not symmetric
-    assert torch.equal(p.diagonal(), torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(p.diagonal(), torch.zeros(3, dtype=torch.float64))  # set, not computed
+    # Exact by construction on any CPU: each term is P_i (log P_i - log P_j) with log P_i - log P_j = 0 exactly.
     assert kl_matrix([torch.tensor(v1), torch.tensor(v1)]).abs().max().item() == 0.0
     # A zero in q is clamped: large but finite.
     z = kl_matrix([[0.5, 0.5], [1.0, 0.0]])
@@ -258,6 +261,18 @@ def test_kl_matrix_against_a_hand_computation() -> None:
     with pytest.raises(ValueError, match="values"):
         kl_matrix([[0.5, 0.5], [1.0, 0.0, 0.0]])
     assert kl_matrix([]).shape == (0, 0)
+
+
+def test_identical_responses_have_a_kl_of_exactly_zero_whatever_their_length() -> None:
+    """Two clients with the same responses are at KL 0 exactly, not at 2e-16 on one CPU and 0 on another (a sum
+    of P log P minus a BLAS matmul adds in CPU-dependent orders); different responses stay strictly positive."""
+    g = torch.Generator().manual_seed(5)
+    r = torch.rand(64, 10, generator=g, dtype=torch.float64).softmax(dim=1)
+    other = torch.rand(64, 10, generator=g, dtype=torch.float64).softmax(dim=1)
+    p = kl_matrix([r, r.clone(), other, r.flatten().tolist()])
+    for i, j in ((0, 1), (1, 0), (0, 3), (3, 1)):
+        assert p[i, j].item() == 0.0
+    assert p[0, 2].item() > 0 and p[2, 0].item() > 0
 
 
 # ---- threshold components (union-find) ----
