@@ -362,10 +362,25 @@ def summarize(args: argparse.Namespace) -> int:
     print(text)
     if args.md:
         Path(args.md).write_text(text + "\n")
+    if args.into:
+        splice(Path(args.into), text)
     if args.plot:
         _plot({rd.name: rd.rows for rd in runs.values()}, Path(args.plot))
         print(f"plot: {args.plot}")
     return 0
+
+
+BEGIN, END = "<!-- summarize: begin -->", "<!-- summarize: end -->"
+
+
+def splice(md: Path, text: str) -> None:
+    """Replace what lies between the ``BEGIN`` and ``END`` marker lines of ``md`` with ``text`` (the rest of the
+    document, written by hand, stays)."""
+    doc = md.read_text()
+    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
+        raise SystemExit(f"summarize --into: {md} needs one {BEGIN} line and one {END} line after it")
+    head, rest = doc.split(BEGIN, 1)
+    md.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
 
 
 def collect(args: argparse.Namespace) -> int:
@@ -465,7 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("paths", nargs="+", metavar="PATH",
                    help="campaign directories (of run directories or collected NAME.rounds.jsonl files), run "
                         "directories or NAME.rounds.jsonl files; a name is [prefix-]<env>-<arm>-s<seed>")
-    s.add_argument("--md", default="")
+    s.add_argument("--md", default="", help="write the tables to this Markdown file")
+    s.add_argument("--into", default="", help=f"write the tables into this Markdown file between its {BEGIN} "
+                                              f"and {END} lines")
     s.add_argument("--runs", action="store_true", help="also a table per run: rounds, status, wall time, code")
     s.add_argument("--plot", default="", help="write a PNG of accuracy and beta per round (needs matplotlib)")
     c = sub.add_parser("collect", help="copy finished runs' rounds.jsonl and record.json out for committing")

@@ -294,3 +294,16 @@ def test_the_sequential_drivers_skip_resume_and_refuse_through_launch_run(tmp_pa
     with pytest.raises(RunDirError):
         runs.launch_run([sys.executable, "-c", FAKE, str(foreign)], foreign, 0.0)
     assert sorted(p.name for p in foreign.iterdir()) == ["server.log"]
+
+
+def test_summarize_into_replaces_only_the_marked_block(tmp_path: Path) -> None:
+    _write_rows(tmp_path / "nfl-fedavg-s0.rounds.jsonl", _rows(12))
+    md = tmp_path / "doc.md"
+    md.write_text(f"# title\n\nhand-written\n\n{nx.BEGIN}\nold table\n{nx.END}\n\nmore text\n")
+    assert nx.main(["summarize", str(tmp_path / "nfl-fedavg-s0.rounds.jsonl"), "--into", str(md)]) == 0
+    text = md.read_text()
+    assert text.startswith("# title\n\nhand-written\n\n") and text.endswith(f"{nx.END}\n\nmore text\n")
+    assert "old table" not in text and "| nfl | fedavg | benign | 0 | 12 |" in text
+    md.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="needs one"):
+        nx.main(["summarize", str(tmp_path), "--into", str(md)])
