@@ -108,16 +108,16 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
 async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLock,
                         ready: Callable[[int, Coordinator, FederationServicer], None] | None,
                         stop: asyncio.Event | None, linger_s: float, fresh: bool) -> FederationStatus:
-    server = grpc.aio.server(options=grpc_options(config))
-    servicer, health = add_to_server(server, coord)
-    port = listen(server, config)
-    lock.update(f"{config.server.address.rpartition(':')[0]}:{port}")
+    check_port_free(config.server.address)  # a taken port is refused before the run dir is touched
+    coord.open(fresh)  # resume or start the federation; a damaged state stops here, before anything listens
     try:
-        coord.open(fresh)
+        server = grpc.aio.server(options=grpc_options(config))
+        servicer, health = add_to_server(server, coord)
+        port = listen(server, config)
     except BaseException:
-        await server.stop(grace=None)
         coord.close()
         raise
+    lock.update(f"{config.server.address.rpartition(':')[0]}:{port}")
     await server.start()
     await set_serving(health, True)
     sec = config.security

@@ -68,7 +68,12 @@ class NflMonitor:
     # ---- persistence slot ----
 
     def save(self) -> dict[str, Any]:
-        return self.state.to_dict()
+        # The detector's per-round trace (``history``) is not saved: the rounds' history (beta_hat, beta_hat_avg,
+        # nfl, nfl_count, recovery per round) already holds it, appended once per round, so a snapshot stays O(1)
+        # in the number of rounds. After a restart the trace starts empty; nothing decides on it.
+        d = self.state.to_dict()
+        d.pop("history", None)
+        return d
 
     def load(self, d: dict[str, Any]) -> None:
         restored = NflState.from_dict(d)

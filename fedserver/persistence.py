@@ -138,11 +138,12 @@ class Persistence:
             moved = self.store.quarantine(loaded.skipped_ids, max(0, snap.history_len))
             self.log.warning("state.fell_back", completed_rounds=snap.completed_rounds, quarantine=str(moved),
                              reason="--fall-back: the unverified newer snapshots were moved aside, not deleted")
+        self.store.clean_pending()  # carrying on: the leftovers of an uncommitted save can go
         if snap is None:
             orphan_rows = _rounds_in(self.run_dir / "rounds.jsonl")
             if orphan_rows:
-                raise StoreError(f"{self.run_dir / 'rounds.jsonl'} holds {orphan_rows} rounds of a federation whose state "
-                                 f"({state_dir}) holds no snapshot: starting a new federation here would mix two "
+                raise StoreError(f"{self.run_dir / 'rounds.jsonl'} holds {orphan_rows} rounds of a federation whose "
+                                 f"state ({state_dir}) holds no snapshot: starting a new federation here would mix two "
                                  f"federations in one file. Nothing was changed. Ways on: restore {state_dir} from a "
                                  f"copy, or start with --fresh, which moves the old files aside to "
                                  f"{self.run_dir}/previous/<time>/ (kept)")
@@ -230,8 +231,21 @@ def _rounds_in(path: Path) -> int:
 
 
 def write_round(run_dir: Path, report: RoundReport) -> None:
-    with open(run_dir / "rounds.jsonl", "a") as f:
-        f.write(json.dumps(report.to_dict()) + "\n")
+    """Append the round's row to ``rounds.jsonl`` (a row cut short by an earlier failed write is ended first, so
+    rows never run together). A failed write (disk full) is a :class:`StoreError`: the round is in the store
+    already and its row is re-appended on the next start."""
+    path = run_dir / "rounds.jsonl"
+    try:
+        with open(path, "ab+") as f:
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+            f.write((json.dumps(report.to_dict()) + "\n").encode())
+    except OSError as e:
+        raise StoreError(f"{path}: cannot append round {report.round} ({e.strerror or e}). The round is saved in the "
+                         "state store and its row is written again on the next start: fix the cause (free disk "
+                         "space) and start the server again") from None
 
 
 def check_identity(stored: dict[str, Any], current: dict[str, Any]) -> None:

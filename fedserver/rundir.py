@@ -58,6 +58,13 @@ class RunDirLock:
         lock.update(address)
         return lock
 
+    @classmethod
+    def probe(cls, run_dir: str | os.PathLike[str]) -> None:
+        """Raise :class:`RunDirLocked` at once when another process holds ``run_dir`` (the CLI asks before it
+        imports torch, so a second server says so in well under a second); creates nothing."""
+        if (Path(run_dir) / LOCK_NAME).is_file():
+            cls.acquire(run_dir).release()
+
     def update(self, address: str) -> None:
         """Record the holder (pid, host, address, start time) in the lock file, which this process owns."""
         if self._file is None:

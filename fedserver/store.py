@@ -196,7 +196,7 @@ class StateStore:
             if existed:
                 self._check_integrity()
             self._init_db()
-            self.removed_orphans = self._clean_pending()
+            self.removed_orphans: list[str] = []  # filled by clean_pending()
             self._history_rows = int(self._conn.execute("SELECT count(*) FROM history").fetchone()[0])
         except sqlite3.Error as e:
             self._conn.close()
@@ -213,9 +213,12 @@ class StateStore:
             rows = self._conn.execute("PRAGMA quick_check(5)").fetchall()
         except sqlite3.Error as e:
             raise damaged(self.db_path, f"cannot be read: {e} (SQLite)") from None
-        problems = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+        problems = [line.strip() for r in rows if str(r[0]) != "ok" for line in str(r[0]).splitlines()
+                    if line.strip() and not line.startswith("***")]
         if problems:
-            raise damaged(self.db_path, "is damaged: SQLite's integrity check reports " + "; ".join(problems))
+            more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise damaged(self.db_path, "is damaged: SQLite's integrity check reports " + "; ".join(problems[:3])
+                          + more)
 
     def _init_db(self) -> None:
         c = self._conn
@@ -244,10 +247,12 @@ class StateStore:
                 c.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
-    def _clean_pending(self) -> list[str]:
+    def clean_pending(self) -> list[str]:
         """Remove the files an earlier save recorded in ``pending`` (it wrote them) that no snapshot references:
         the leftovers of a save that crashed before its commit, or of a pruned snapshot whose unlink failed.
-        Nothing else is ever removed: a file the store did not write stays, whatever its name."""
+        Nothing else is ever removed: a file the store did not write stays, whatever its name. Opening a store
+        changes nothing; the server calls this once it carries on from a verified snapshot (and every save
+        cleans up after itself)."""
         with self._lock:
             pending = [r[0] for r in self._conn.execute("SELECT path FROM pending")]
             referenced = {r[0] for r in self._conn.execute("SELECT path FROM models")}
@@ -266,8 +271,9 @@ class StateStore:
                     raise StoreError(f"{self.models_dir / candidate}: cannot remove a leftover of an uncommitted "
                                      f"save ({e.strerror or e})") from None
         if pending:
-            with self._lock, self._transaction():
+            with self._lock, self._writing("the pending-files journal"), self._transaction():
                 self._conn.executemany("DELETE FROM pending WHERE path = ?", [(p,) for p in pending])
+        self.removed_orphans += removed
         return removed
 
     @staticmethod
@@ -364,11 +370,20 @@ class StateStore:
                     raise
             if snap.history_len >= 0:
                 self._history_rows = max(self._history_rows, snap.history_len)
+            gone: list[str] = []
             for rel in dropped:
                 # Superseded by the snapshot just committed; a file that cannot be removed now stays in
-                # ``pending`` and is removed on the next open.
-                with contextlib.suppress(OSError):
+                # ``pending`` and is removed by the next clean_pending().
+                try:
                     (self.directory / rel).unlink()
+                    gone.append(rel)
+                except FileNotFoundError:
+                    gone.append(rel)
+                except OSError:
+                    pass
+            if gone:
+                with contextlib.suppress(sqlite3.Error), self._transaction():
+                    self._conn.executemany("DELETE FROM pending WHERE path = ?", [(p,) for p in gone])
         return SaveStats(time.perf_counter() - t0, sum(w[3] for w in written),
                          len(state_text.encode()) + sum(len(t.encode()) for t in tail_texts))
 

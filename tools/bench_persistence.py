@@ -6,6 +6,11 @@
             saves in a temp dir, with fsync off (survives kill -9) and on (survives a power cut); then the
             time of one StateStore.load (verifies sizes, sha256 and parses every model of the newest snapshot).
 
+  growth    Does a snapshot's cost grow with the number of rounds? A live no-op federation (fedserver.ServerThread, -k
+            no-op clients, the 4.5k-parameter mlp) of --rounds (default 1,000) rounds; Persistence.snapshot (what
+            the coordinator runs after every round: round machine with the client registry, NFL detector state,
+            the rounds' history, the model) timed in the server; prints the median snapshot time around round 10
+            and around the last round, and their ratio (goal: within 1.5x).
   overhead  What persistence adds to a round of a live federation: K = -k no-op clients (threads of this process)
             and a fedserver.ServerThread, persistence.enabled on and off side by side in one run (--pairs
             federations per setting, alternating which goes first), each --rounds timed rounds after --warmup.
@@ -23,6 +28,7 @@
 
     python tools/bench_persistence.py snapshot
     python tools/bench_persistence.py snapshot --models mlp --rounds 50 --clients 1000
+    python tools/bench_persistence.py growth                         # rounds 10 vs 1,000
     python tools/bench_persistence.py overhead                       # mlp, K = 10, 5 federations per setting
     python tools/bench_persistence.py overhead --models mlp cifar_cnn --fsync
     python tools/bench_persistence.py restart                        # K = 10, 3 restarts
@@ -131,6 +137,28 @@ def bench_snapshot(args: argparse.Namespace) -> None:
     print("state B = the JSON of the last round (history included); median/p90 over the timed saves.")
 
 
+# ---- growth: snapshot time at round 10 vs round 1,000 ----
+
+def bench_growth(args: argparse.Namespace) -> None:
+    args.warmup = 0
+    t0 = time.perf_counter()
+    trial = run_trial("mlp", "on", args.rounds, args)
+    window = args.window
+    print(f"no-op federation: mlp ({trial.params:,} parameters), K = {args.k} no-op clients, {args.rounds + 1} "
+          f"rounds with persistence on in {time.perf_counter() - t0:.1f} s; Persistence.snapshot (round machine, "
+          f"clients, NFL state, history, model) timed in the server, medians over {window} rounds")
+    # Rounds 2, 3, ... (run_trial's first timed round is 2). CPU time of the snapshot's thread is what the
+    # snapshot costs; wall time also counts whatever else the machine ran meanwhile.
+    for what, calls in (("CPU", trial.snapshot_cpu), ("wall", trial.snapshot_call)):
+        def around(last_round: int, calls: list[float] = calls) -> float:
+            first = max(2, last_round - window + 1)
+            return statistics.median(calls[first - 2:last_round - 1])
+
+        early, late = around(10 + window // 2), around(args.rounds + 1)
+        print(f"snapshot {what} time around round 10: {early * 1000:.3f} ms; around round {args.rounds + 1}: "
+              f"{late * 1000:.3f} ms; ratio {late / early:.2f} (goal <= 1.5)")
+
+
 # ---- overhead: a live federation with persistence on vs off ----
 
 @dataclass
@@ -146,6 +174,7 @@ class Trial:
     round_seconds: list[tuple[bool, float]] = field(default_factory=list)  # RoundReport.seconds
     snapshot_call: list[float] = field(default_factory=list)  # Persistence.snapshot in its worker thread
     store_save: list[float] = field(default_factory=list)  # StateStore.save (last_save_seconds = snapshot_s)
+    snapshot_cpu: list[float] = field(default_factory=list)  # the snapshot thread's CPU time (time.thread_time)
 
 
 def run_trial(model: str, mode: str, rounds: int, args: argparse.Namespace, seed: int = 0) -> Trial:
@@ -190,10 +219,11 @@ def run_trial(model: str, mode: str, rounds: int, args: argparse.Namespace, seed
                 round_ = int(a[2])
                 if not take[round_]:
                     return
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 inner(*a)
                 if round_ >= first_timed and persistence.store is not None:
                     trial.snapshot_call.append(time.perf_counter() - t0)
+                    trial.snapshot_cpu.append(time.thread_time() - c0)
                     trial.store_save.append(persistence.last_save_seconds)
 
             setattr(persistence, "snapshot", timed_snapshot)  # noqa: B010 (an instance attribute, on purpose)
@@ -474,6 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     snap.add_argument("--keep", type=int, default=3, help="snapshots kept (StateStore keep)")
     snap.add_argument("--dir", default=None, help="where the temp store goes (default: the system temp dir)")
     snap.set_defaults(func=bench_snapshot)
+    grow = sub.add_parser("growth", help="snapshot time at round 10 vs the last round of a long no-op federation")
+    grow.add_argument("--rounds", type=int, default=1000, help="rounds of the federation")
+    grow.add_argument("-k", type=int, default=10, help="clients per round K (= clients)")
+    grow.add_argument("--window", type=int, default=10, help="rounds whose median is reported at each end")
+    grow.add_argument("--fsync", action="store_true", help="persistence.fsync on")
+    grow.add_argument("--dir", default=None, help="where the temp run dir goes (default: the system temp dir)")
+    grow.set_defaults(func=bench_growth)
     over = sub.add_parser("overhead", help="per-round overhead of persistence in a live federation (on vs off)")
     over.add_argument("--models", nargs="+", default=["mlp"],
                       help=f"model names; data: {', '.join(f'{m}={d}' for m, (d, _) in OVERHEAD_DATA.items())} "

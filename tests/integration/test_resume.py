@@ -17,6 +17,7 @@ from fedcore.serialization import load_state
 from fedcore.simulation import SimulationConfig
 from fedserver import ServerThread
 from fedserver.cli import EXIT_STOPPED, exit_code
+from fedserver.store import StoreError
 from tests.integration.helpers import run_federation, server_config
 
 N = 3
@@ -118,8 +119,8 @@ def test_graceful_stop_then_resume_equals_the_uninterrupted_run(tmp_path: Path,
         ServerThread(_cfg(tmp_path, port, rounds={"seed": 1}), linger_s=0.1).start()
 
 
-def test_a_corrupt_snapshot_falls_back_and_the_round_is_re_run(tmp_path: Path,
-                                                               uninterrupted: dict[str, torch.Tensor]) -> None:
+def test_a_corrupt_snapshot_stops_the_server_and_with_fall_back_the_round_is_re_run(
+        tmp_path: Path, uninterrupted: dict[str, torch.Tensor]) -> None:
     port = _port()
     cfg = _cfg(tmp_path, port)
     run_dir = tmp_path / "run"
@@ -130,6 +131,13 @@ def test_a_corrupt_snapshot_falls_back_and_the_round_is_re_run(tmp_path: Path,
     data[-1] ^= 0xFF  # one flipped bit in the newest model
     newest.write_bytes(bytes(data))
     (run_dir / "final_model.fgt").unlink()
+    before = {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*")) if f.is_file()}
+    with pytest.raises(StoreError, match="the newest snapshot does not verify .* fails its sha256 checksum"):
+        ServerThread(cfg, linger_s=1.0).start()
+    after = {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*")) if f.is_file()}
+    assert {k: v for k, v in after.items() if k != "server.lock"} == \
+        {k: v for k, v in before.items() if k != "server.lock"}  # nothing changed but the (released) lock
+    cfg = _cfg(tmp_path, port, persistence={"fall_back": True})
     srv = ServerThread(cfg, linger_s=1.0).start()
     clients = _clients(srv.address)
     st = srv.wait(120)

@@ -195,7 +195,7 @@ def test_files_the_store_did_not_record_writing_are_never_removed(tmp_path: Path
     for f in foreign:
         f.write_bytes(b"not ours")
     with StateStore(d) as s:
-        assert s.removed_orphans == []
+        assert s.clean_pending() == []
         loaded = s.load()
     assert lookalike.exists() and tmp_lookalike.exists()
     assert all(f.exists() for f in foreign)
@@ -212,7 +212,8 @@ def test_pending_leftovers_of_an_uncommitted_save_are_removed_on_open(tmp_path: 
     save_state(leftover, _model(4))
     leftover.with_name(leftover.name + ".tmp").write_bytes(b"half")
     with StateStore(d) as s:
-        assert sorted(s.removed_orphans) == ["models/r000004-global-0123abcd.fgt",
+        assert s.removed_orphans == []  # opening changes nothing
+        assert sorted(s.clean_pending()) == ["models/r000004-global-0123abcd.fgt",
                                              "models/r000004-global-0123abcd.fgt.tmp"]
         assert s._conn.execute("SELECT count(*) FROM pending").fetchone()[0] == 0
         assert s.load().snapshot.completed_rounds == 3  # type: ignore[union-attr]
@@ -248,7 +249,7 @@ def test_sigkill_between_files_and_commit(tmp_path: Path) -> None:
     left = _files(d)
     assert len([f for f in left if f.startswith("r000002-")]) == 2  # the uncommitted save's files
     with StateStore(d) as s:
-        assert len(s.removed_orphans) == 2  # recorded in ``pending`` before they were written
+        assert len(s.clean_pending()) == 2  # recorded in ``pending`` before they were written
         loaded = s.load()
     assert loaded.snapshot is not None and loaded.snapshot.completed_rounds == 1 and loaded.skipped == []
     assert loaded.snapshot.state == {"r": 1}
