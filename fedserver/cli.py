@@ -159,6 +159,14 @@ def config_from_args(args: argparse.Namespace, transport_optional: bool = False)
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.run_dir and not args.print_config:
+        from fedserver.rundir import RunDirLock, RunDirLocked
+
+        try:  # before torch is imported: a second server on a run dir in use exits at once
+            RunDirLock.probe(args.run_dir)
+        except RunDirLocked as e:
+            print(f"fedserver: run directory: {e}", file=sys.stderr)
+            return EXIT_CONFIG
     from fedcore.config import ConfigError, redacted
     from fedcore.log import configure_logging
     from fedserver.rundir import RunDirLocked
