@@ -71,8 +71,9 @@ class NflMonitor:
         # The detector's per-round trace (``history``) is not saved: the rounds' history (beta_hat, beta_hat_avg,
         # nfl, nfl_count, recovery per round) already holds it, appended once per round, so a snapshot stays O(1)
         # in the number of rounds. After a restart the trace starts empty; nothing decides on it.
-        d = self.state.to_dict()
-        d.pop("history", None)
+        s = self.state
+        d = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "history"}
+        d["medians"] = list(s.medians)
         return d
 
     def load(self, d: dict[str, Any]) -> None:

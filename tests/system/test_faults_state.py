@@ -79,6 +79,11 @@ def _refused(run_dir: Path, *extra: str, timeout: float = 60) -> tuple[int, str,
     return p.returncode, err, time.monotonic() - t0
 
 
+def _record(case: str, rc: int | None, seconds: float, line: str) -> None:
+    """One row for docs/results/reliability.md (``pytest -s tests/system/test_faults_state.py | grep FAULT``)."""
+    print(f"\nFAULT | {case} | exit {rc} | {seconds:.2f} s | {line[:160]}")
+
+
 def _one_message(err: str) -> str:
     """The one line the server printed for people (its JSON log lines aside); never a traceback."""
     lines = [x for x in err.splitlines() if x.strip() and not x.startswith("{")]
@@ -125,6 +130,7 @@ def test_a_damaged_state_db_stops_the_server_with_exit_2_and_changes_nothing(run
     before = _tree(run_dir)
     rc, err, seconds = _refused(run_dir)
     line = _one_message(err)
+    _record("damaged state.db", rc, seconds, line)
     assert rc == 2 and seconds < 15, (rc, seconds, err)
     assert str(db) in line and "--fresh" in line and "restore" in line and "nothing was changed" in line, line
     assert _tree(run_dir) == before
@@ -141,6 +147,7 @@ def test_no_verifiable_snapshot_stops_the_server_instead_of_starting_over(run_di
     before = _tree(run_dir)
     rc, err, seconds = _refused(run_dir)
     line = _one_message(err)
+    _record("no verifiable snapshot", rc, seconds, line)
     assert rc == 2 and seconds < 15, (rc, seconds, err)
     assert "no snapshot verifies" in line and "round 3" in line and "round 1" in line and "--fresh" in line, line
     assert _tree(run_dir) == before
@@ -154,6 +161,7 @@ def test_a_truncated_model_file_stops_the_server_and_fall_back_quarantines_it(ru
     before = _tree(run_dir)
     rc, err, seconds = _refused(run_dir)
     line = _one_message(err)
+    _record("truncated model file", rc, seconds, line)
     assert rc == 2 and seconds < 15, (rc, seconds, err)
     assert "truncated or half-written" in line and "--fall-back to resume from round 2" in line, line
     assert _tree(run_dir) == before
@@ -188,6 +196,7 @@ def test_a_second_server_on_the_same_run_dir_exits_at_once_naming_the_first(tmp_
         before = _tree(run_dir)
         rc, err, seconds = _refused(run_dir)
         line = _one_message(err)
+        _record("second server", rc, seconds, line)
         assert rc == 2 and seconds < 10, (rc, seconds, err)
         assert f"pid {first.pid}" in line and f"127.0.0.1:{port}" in line and str(run_dir) in line, line
         assert _tree(run_dir) == before and first.poll() is None
@@ -249,6 +258,7 @@ def test_a_full_disk_stops_the_server_with_exit_2_and_keeps_the_last_snapshot(sm
     finally:
         _stop([server, *clients])
     line = _one_message(err)
+    _record("full disk", server.returncode, seconds, line)
     assert server.returncode == 2 and seconds < 15, (server.returncode, seconds, err)
     assert "No space left on device" in line or "disk is full" in line, line
     assert "intact" in line and "start the server again" in line, line
