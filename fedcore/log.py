@@ -23,8 +23,43 @@ class _Stderr:
         sys.stderr.flush()
 
 
+# Per-update events, and the per-round ones that round.completed sums up: on the console only at debug level (the
+# JSON log, --log-json, keeps every event).
+CONSOLE_DEBUG_EVENTS = frozenset({"update.accepted", "update.sent", "round.started", "round.closed"})
+# Events the console shows with these fields only, floats to 4 significant digits (the full record: the JSON log
+# and rounds.jsonl); at debug level the console shows them whole.
+CONSOLE_FIELDS: dict[str, tuple[str, ...]] = {
+    "round.completed": ("round", "outcome", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy",
+                        "beta_hat", "beta", "nfl_count", "central_accuracy", "seconds"),
+}
+_ALWAYS = ("event", "component", "level", "timestamp")
+
+
+def _short(value: Any) -> Any:
+    return float(f"{value:.4g}") if isinstance(value, float) else value
+
+
+def console_filter(level: str) -> Any:
+    """A structlog processor for the console: drops :data:`CONSOLE_DEBUG_EVENTS` and shortens the events of
+    :data:`CONSOLE_FIELDS` unless ``level`` is debug."""
+
+    def proc(logger: Any, name: str, event_dict: Any) -> Any:
+        if level == "debug":
+            return event_dict
+        event = event_dict.get("event")
+        if event in CONSOLE_DEBUG_EVENTS:
+            raise structlog.DropEvent
+        keep = CONSOLE_FIELDS.get(event)
+        if keep is not None:
+            return {k: _short(v) for k, v in event_dict.items() if k in keep or k in _ALWAYS}
+        return event_dict
+
+    return proc
+
+
 def configure_logging(json: bool = False, level: str = "info", stream: Any = None) -> None:
-    """Configure structlog for a process: ``ConsoleRenderer`` for people, ``JSONRenderer`` for machines.
+    """Configure structlog for a process: ``ConsoleRenderer`` for people (one short line per round, no per-update
+    lines unless ``level`` is debug: :func:`console_filter`), ``JSONRenderer`` for machines (every event, whole).
     Lines go to ``stream``, by default to the process's current ``sys.stderr``."""
     renderer: Any = (structlog.processors.JSONRenderer() if json
                      else structlog.dev.ConsoleRenderer(colors=False))
@@ -32,6 +67,7 @@ def configure_logging(json: bool = False, level: str = "info", stream: Any = Non
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            *(() if json else (console_filter(level),)),
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             renderer,

@@ -226,6 +226,7 @@ class Launch:
     logs: list[IO[bytes]]
     # The log file of each client host (None for a Ray actor: it logs to Ray's session directory).
     client_logs: list[Path | None] = field(default_factory=list)
+    server_log: Path | None = None
 
 
 # Launcher options that define the federation: changing one on --resume is refused, naming it.
@@ -350,7 +351,7 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
         specs = [host_spec(args, address, first, min(per_proc, args.clients - first), ship_tls=True)
                  for first in range(0, args.clients, per_proc)]
         clients.extend(start_ray_hosts(args, specs))
-        return Launch(server, clients, address, logs, [None] * len(clients))
+        return Launch(server, clients, address, logs, [None] * len(clients), run_dir / "server.log")
     for p in range(procs):
         first = p * per_proc
         count = min(per_proc, args.clients - first)
@@ -377,7 +378,7 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
             cmd += [item for k, v in sim.items() for item in ("--set", f"simulation.{k}={toml_literal(v)}")]
         clients.append(subprocess.Popen(cmd, stdout=clog, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         client_logs.append(log_path)
-    return Launch(server, clients, address, logs, client_logs)
+    return Launch(server, clients, address, logs, client_logs, run_dir / "server.log")
 
 
 def host_spec(args: argparse.Namespace, address: str, first: int, count: int, ship_tls: bool = False) -> HostSpec:
@@ -575,7 +576,7 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
             if now >= next_poll or rc is not None:
                 next_poll = now + 0.5
                 try:
-                    st = wire.status_from_pb(stub.GetStatus(pb.StatusRequest(), timeout=2.0))
+                    st = wire.status_from_pb(stub.GetStatus(pb.StatusRequest(), timeout=1.0))
                     total = st.num_rounds or total
                     last = history[-1].round if history else 0
                     for h in st.history:
@@ -647,22 +648,49 @@ def stop_now(launch: Launch) -> None:
         _signal_all(launch, signal.SIGKILL)
 
 
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def _logged_since(path: Path | None, offset: int, needle: str) -> bool:
+    """Whether ``needle`` was written to ``path`` after byte ``offset``."""
+    if path is None:
+        return False
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return needle.encode() in f.read()
+    except OSError:
+        return False
+
+
 def stop_gracefully(launch: Launch, interrupts: Interrupts, graceful_s: float,
-                    history: list[RoundReport]) -> Outcome:
+                    history: list[RoundReport], server_patience_s: float = 10.0) -> Outcome:
     """First Ctrl-C: SIGTERM to every child (the server saves the federation and tells polling clients to come
-    back later; clients leave). Clients get at most 1 s after the server has stopped, everything at most
-    ``graceful_s`` from the interrupt; what still runs then is killed (the server's completed rounds are on disk
-    whatever happens). A second Ctrl-C kills at once."""
+    back later; clients leave). The server is done when it has exited or logged ``server.stopped`` (its state is
+    saved; what is left is the interpreter's teardown); clients get at most 1 s more, everything at most
+    ``graceful_s`` from the interrupt, the server itself at most ``server_patience_s`` to save. What still runs
+    then is killed. A second Ctrl-C kills at once."""
+    offset = _size(launch.server_log)
     _signal_all(launch, signal.SIGTERM)
-    deadline = (interrupts.first_at or time.monotonic()) + graceful_s
+    start = interrupts.first_at or time.monotonic()
     server_done: float | None = None
-    while time.monotonic() < deadline and interrupts.count < 2:
-        if launch.server.poll() is not None:
-            server_done = server_done or time.monotonic()
-            if all(c.poll() is not None for c in launch.clients) or time.monotonic() > server_done + 1.0:
-                break
+    while interrupts.count < 2:
+        now = time.monotonic()
+        if server_done is None and (launch.server.poll() is not None
+                                    or _logged_since(launch.server_log, offset, '"server.stopped"')):
+            server_done = now
+        clients_done = all(c.poll() is not None for c in launch.clients)
+        if server_done is not None and ((clients_done and launch.server.poll() is not None)
+                                        or now > min(server_done + 1.0, start + graceful_s)):
+            break
+        if server_done is None and now > start + server_patience_s:
+            break
         time.sleep(0.02)
-    how = "killed" if interrupts.count >= 2 else "stopped"
+    how = "killed" if interrupts.count >= 2 else "stopped" if server_done is not None else "stopped-unsaved"
     _signal_all(launch, signal.SIGKILL)  # whatever is still running
     launch.server.wait()
     return Outcome(launch.server.returncode, how, "", history)
@@ -1109,13 +1137,14 @@ def _launch(args: argparse.Namespace, run_dir: Path, t0: float, num_rounds: int)
           f"{args.rounds or num_rounds} rounds, logs in {run_dir}/", flush=True)
     outcome = watch(launch, run_dir, tls_dir=args.tls_dir, interrupts=interrupts, num_rounds=num_rounds)
     rc = outcome.server_rc
-    if outcome.how in ("stopped", "killed"):
+    if outcome.how in ("stopped", "stopped-unsaved", "killed"):
         for f in launch.logs:
             f.close()
         done = outcome.history[-1].round if outcome.history else 0
-        how = ("stopped gracefully: the server saved the federation" if outcome.how == "stopped" and rc == 4
+        how = ("stopped gracefully: the server saved the federation" if outcome.how == "stopped"
                else "killed every process" if outcome.how == "killed"
-               else f"stopped (server exit {rc})")
+               else "stopped: the server did not finish saving in time and was killed (the federation resumes "
+                    "from its last completed round)")
         print(f"launch: {how} after round {done}; wall {time.monotonic() - t0:.1f} s. Resume with:\n"
               f"  {resume_command(run_dir)}", file=sys.stderr, flush=True)
         return 130

@@ -120,8 +120,8 @@ class UpdateIntake:
             self.reject(client_id, round_, "INVALID_ARGUMENT",
                         f"beta_hat must be in [-1, 1] (a difference of two accuracies), got {beta_hat}")
         if beta_hat is None and self.config.nfl.mode != OFF:
-            self.log.info("update.no_beta_hat", client_id=client_id, round=round_,
-                             reason="update without beta_hat: aggregated, not counted for the NFL detector")
+            self.log.debug("update.no_beta_hat", client_id=client_id, round=round_,
+                           reason="update without beta_hat: aggregated, not counted for the NFL detector")
         bad_metric = next((k for k, v in metrics.items() if not math.isfinite(v)), None)
         if bad_metric is not None:
             self.reject(client_id, round_, "INVALID_ARGUMENT", f"metric {bad_metric!r} is not finite")
