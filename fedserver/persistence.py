@@ -98,7 +98,11 @@ class Persistence:
             broken = False
         except StoreError:
             broken = True
-        return archive(run_dir, RUN_FILES, prefix="state.broken-" if broken else None)
+        try:
+            return archive(run_dir, RUN_FILES, prefix="state.broken-" if broken else None)
+        except OSError as e:
+            raise StoreError(f"{e.filename or run_dir}: --fresh cannot move the old state aside ({e.strerror or e}); "
+                             "nothing was deleted") from None
 
     def restore(self, now: float) -> Restored | None:
         """The state to carry on from, or None for a new federation (which this call then records). Raises
@@ -111,13 +115,15 @@ class Persistence:
             raise
 
     def _restore(self, now: float) -> Restored | None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"{self.run_dir}: cannot create the run directory ({e.strerror or e})") from None
         p = self.config.persistence
         if p.enabled and self.store is None:
             self.store = StateStore(self.run_dir / STATE_DIR, keep=p.keep_snapshots, fsync=p.fsync)
         if self.store is None:
             self._write_config()
-            (self.run_dir / "rounds.jsonl").touch()
             return None
         loaded = self.store.load()
         state_dir = self.run_dir / STATE_DIR
@@ -149,7 +155,6 @@ class Persistence:
                                  f"{self.run_dir}/previous/<time>/ (kept)")
             self.store.put_meta("config", redacted(self.config))
             self._write_config()
-            (self.run_dir / "rounds.jsonl").touch()
             self.snapshot(rm.RoundState(phase_since=now), [], 0)  # round 0: the initial model
             return None
         stored = self.store.get_meta("config") or {}
@@ -170,7 +175,13 @@ class Persistence:
         return Restored(state, history, snap.completed_rounds)
 
     def _write_config(self) -> None:
-        (self.run_dir / "config.json").write_text(json.dumps(redacted(self.config), indent=2))
+        path = self.run_dir / "config.json"
+        try:
+            path.write_text(json.dumps(redacted(self.config), indent=2))
+            (self.run_dir / "rounds.jsonl").touch()
+        except OSError as e:
+            raise StoreError(f"{e.filename or path}: cannot write the new federation's files "
+                             f"({e.strerror or e}); fix the cause and start again") from None
 
     def _append_missing_rows(self, history: list[RoundReport]) -> None:
         """Rounds the store has but ``rounds.jsonl`` lacks (a crash between the commit and the append)."""
