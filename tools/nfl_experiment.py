@@ -1,26 +1,36 @@
 """FL-GUARD acceptance experiment: FedAvg vs detect-and-recover vs always-recover vs 50% holdouts, NFL vs ideal.
 
-    python tools/nfl_experiment.py run --out runs/nfl_exp --seeds 0 1 2 --parallel 8 [--rounds 150] [--nr 20]
-    python tools/nfl_experiment.py summarize runs/nfl_exp --md docs/results/nfl_acceptance.md
+    python tools/nfl_experiment.py run --out runs/nfl_exp --seeds 0 1 2 --parallel 2 [--until 2026-11-25T05:25]
+    python tools/nfl_experiment.py collect runs/nfl_exp docs/results/nfl_paper
+    python tools/nfl_experiment.py summarize docs/results/nfl_paper --runs --into docs/results/nfl_paper.md
 
 ``run`` launches every (environment, arm, seed) as its own federation (``fedguard-launch --config
 configs/mnist_{nfl,ideal}.toml``, real fedserver and virtual fedclient processes over loopback), ``--parallel`` at a
-time, each in ``OUT/<env>-<arm>-s<seed>/``. Arms: ``fedavg`` (nfl.mode = off), ``detect`` (detect-and-recover),
-``always`` (always-recover), ``holdouts`` (detect-and-recover, 50% of the benign clients opt out); for the recovery
-methods side by side also ``fedprox`` and ``lindt``, ``ditto``, ``apfl``, ``ft``, ``fb`` (detect-and-recover with that
-``[recovery] method``). NR and c are
-scaled to the run (``--nr``, ``--c``). A run that exceeds ``--timeout`` is stopped; its completed rounds stay in
-its ``rounds.jsonl`` (the server persists every round) and the summary says how many rounds it reached; running
-the same command again resumes every unfinished run from its last completed round (``fedguard.launch --resume``) and
-skips finished ones, so a machine with a per-command time limit completes the experiment over several commands.
+time, each in ``OUT/<env>-<arm>-s<seed>/``, row by row ((env, arm) with all its seeds). Arms: ``fedavg``
+(nfl.mode = off), ``detect`` (detect-and-recover), ``always`` (always-recover), ``holdouts`` (detect-and-recover,
+50% of the benign clients opt out); for the recovery methods side by side also ``fedprox`` and ``lindt``,
+``ditto``, ``apfl``, ``ft``, ``fb`` (detect-and-recover with that ``[recovery] method``). Rounds, NR, c and the
+private epochs are the configs' (150, 20, 20, 20) unless given.
 
-``summarize`` reads every run's ``rounds.jsonl`` and prints one row per (environment, arm, client group), means
-over seeds of the last 10 rounds' values:
+A campaign survives stops (:mod:`tools.runs`): each run keeps a record (``record.json`` beside its
+``rounds.jsonl``: its settings, seed, and every sitting's command, package versions, fedguard commit, wall time
+and rounds); running the same command again skips finished runs and resumes unfinished ones from their last
+completed round (``fedguard.launch --resume``); a run directory without this runner's record, or with a record of
+other settings, stops it before anything starts. ``--timeout`` stops a run after that long in one sitting,
+``--until`` stops everything at a time and starts no run that would not finish before it.
+
+``collect`` copies finished runs' ``rounds.jsonl`` and record out as ``NAME.rounds.jsonl`` / ``NAME.record.json``
+for committing. ``summarize`` reads run directories, campaign directories or such files (names
+``[prefix-]<env>-<arm>-s<seed>``) and prints one row per (environment, arm, client group), means over seeds of the
+last 10 rounds each run reached (an unfinished run marked ``*``):
 - ``acc``: benign local accuracy of the model each client infers with (vᵢ while/after adapting, else w^{r-1});
 - ``beta``: benign β = mean(Vᵢ − Pᵢ) on the clients' full test splits (FL-GUARD Eq. 1–2, αᵢ = 1/N);
-- ``|β̂−β|``: mean |β̂ᵢ − βᵢ| over the run (how well the first-batch β̂ᵢ tracks βᵢ);
+- ``abs(beta_hat - beta)``: mean |β̂ᵢ − βᵢ| (how well the first-batch β̂ᵢ tracks βᵢ);
 - ``detect`` / ``cancel``: the first round with NFL reported, the first round with the report cancelled;
-- ``compute``: the clients' training seconds per round relative to the same seed's FedAvg run.
+- ``compute``: the clients' training seconds per round (whole run) relative to the same seed's FedAvg run;
+- ``passes``: forward/backward passes per round relative to vanilla training (whole run);
+and with ``--runs`` a row per run: rounds, finished or not, wall time over its sittings, where it was resumed,
+the code it ran.
 """
 
 from __future__ import annotations
@@ -228,9 +238,9 @@ class RunData:
         return int(self.record["target_rounds"]) if self.record and self.record.get("target_rounds") else None
 
     def reached(self) -> str:
-        """Rounds reached; unfinished runs as "reached/target*"."""
+        """Rounds reached; an unfinished run's with a "*"."""
         if self.done is False:
-            return f"{len(self.rows)}/{self.target or '?'}*"
+            return f"{len(self.rows)}*"
         return str(len(self.rows))
 
     def wall_s(self) -> float:
@@ -354,8 +364,9 @@ def summarize(args: argparse.Namespace) -> int:
         return 2
     lines = _table(SUMMARY_HEAD, summary_rows(runs))
     if any(rd.done is False for rd in runs.values()):
-        lines.append(f"\n`*` unfinished run: rounds reached / rounds asked; its last {LAST} rounds are not at the "
-                     "end of the run.")
+        asked = sorted({str(rd.target or "?") for rd in runs.values() if rd.done is False})
+        lines.append(f"\n`*` unfinished run (rounds reached, of {'/'.join(asked)} asked): its last {LAST} rounds are "
+                     "not the end of the run.")
     if args.runs:
         lines += ["", *_table(RUNS_HEAD, per_run_rows(runs))]
     text = "\n".join(lines)

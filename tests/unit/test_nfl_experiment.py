@@ -193,9 +193,9 @@ def test_summarize_marks_unfinished_runs_and_averages_the_last_10_rounds(tmp_pat
     md = tmp_path / "t.md"
     assert nx.main(["summarize", str(tmp_path), "--runs", "--md", str(md)]) == 0
     text = md.read_text()
-    assert "| nfl | detect | benign | 0/1 | 30/12/150* | 0.600 | 0.500 | 0.100 | 0.100 | 4/4 | -/- | - | 1.00x |" \
+    assert "| nfl | detect | benign | 0/1 | 30/12* | 0.600 | 0.500 | 0.100 | 0.100 | 4/4 | -/- | - | 1.00x |" \
         in text
-    assert "`*` unfinished run" in text
+    assert "`*` unfinished run (rounds reached, of 150 asked)" in text
     assert "| nfl-detect-s1 | 12/150 | unfinished | 2.0 | 2 | 5 | aaaaaaaaaa |" in text
     assert "| nfl-detect-s0 | 30/150 | finished |" in text
 
@@ -226,7 +226,7 @@ def test_collect_copies_finished_runs_and_never_another_runs_rows_over_a_collect
     rec = read_record(dest / "nfl-detect-s0.record.json")
     assert rec is not None and rec["finished"] is False
     runs = nx.load_runs([str(dest)])
-    assert runs[("nfl", "detect", 0)].reached() == "40/150*"
+    assert runs[("nfl", "detect", 0)].reached() == "40*"
     _write_rows(dest / "nfl-detect-s0.rounds.jsonl", _rows(2, test_accuracy_benign=0.9))  # not a prefix
     assert nx.main(["collect", str(out), str(dest), "--partial"]) == 0
     assert len((dest / "nfl-detect-s0.rounds.jsonl").read_text().splitlines()) == 2  # left as it was
