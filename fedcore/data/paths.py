@@ -22,21 +22,14 @@ DOWNLOAD_CACHE_DIR = Path("~/.cache/fedguard/data").expanduser()
 
 def candidate_roots(data_dir: str | os.PathLike[str] | None) -> list[Path]:
     """The roots a loader looks in: only the explicit ``data_dir`` when given, else only ``FEDGUARD_DATA_DIR``
-    when set, else the shared folder. An explicit folder that does not exist is a :class:`DataError`: it is never
-    replaced by another copy of the data found elsewhere."""
+    when set, else the shared folder. An explicit folder is never replaced by another copy of the data found
+    elsewhere: when it does not hold the data, the loader says so (:func:`missing_message`)."""
     if data_dir is not None and str(data_dir) != "":
-        return [_existing(Path(data_dir).expanduser(), "the dataset option data_dir")]
+        return [Path(data_dir).expanduser()]
     env = os.environ.get(ENV_VAR, "")
     if env:
-        return [_existing(Path(env).expanduser(), f"the environment variable {ENV_VAR}")]
+        return [Path(env).expanduser()]
     return [SHARED_DATA_DIR]
-
-
-def _existing(root: Path, named_by: str) -> Path:
-    if not root.is_dir():
-        raise DataError(f"data_dir {root} (named by {named_by}) does not exist; an explicit data folder is used as "
-                        "given, never replaced by another copy")
-    return root
 
 
 def find_dataset_dir(data_dir: str | os.PathLike[str] | None, subdirs: Sequence[str],
@@ -57,8 +50,9 @@ def find_dataset_dir(data_dir: str | os.PathLike[str] | None, subdirs: Sequence[
 def missing_message(what: str, looked: Sequence[Path], required: Sequence[str], hint: str = "") -> str:
     where = ", ".join(str(p) for p in looked)
     need = ", ".join(required)
-    msg = (f"{what}: data not found (looked in {where}; need {need}). Point at the folder that holds it with "
-           f"the dataset option data_dir=... or the environment variable {ENV_VAR}")
+    gone = f"; {looked[0]} does not exist" if looked and not looked[0].exists() else ""
+    msg = (f"{what}: data not found (looked in {where}{gone}; need {need}). Point at the folder that holds it "
+           f"with the dataset option data_dir=... or the environment variable {ENV_VAR}")
     return f"{msg}; {hint}" if hint else msg
 
 

@@ -49,17 +49,15 @@ def test_min_updates_help_says_what_zero_means() -> None:
 
 # ---- checks before anything starts ----
 
-def test_an_explicit_data_folder_that_does_not_exist_is_never_replaced(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedcore.data import DataError
+def test_an_explicit_data_folder_is_the_only_place_looked_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedcore.data import DataError, load_client_data
     from fedcore.data.paths import ENV_VAR, SHARED_DATA_DIR, candidate_roots
 
-    with pytest.raises(DataError, match=r"data_dir .*no-such \(named by the dataset option data_dir\) does not"):
-        candidate_roots(tmp_path / "no-such")
-    assert candidate_roots(tmp_path) == [tmp_path]
-    monkeypatch.setenv(ENV_VAR, str(tmp_path / "gone"))
-    with pytest.raises(DataError, match=f"named by the environment variable {ENV_VAR}"):
-        candidate_roots(None)
+    assert candidate_roots(tmp_path / "no-such") == [tmp_path / "no-such"]
+    with pytest.raises(DataError, match=r"MNIST: data not found \(looked in .*no-such.*; .*no-such does not exist;"):
+        load_client_data("mnist", 0, 0, {"data_dir": str(tmp_path / "no-such")})
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    assert candidate_roots(None) == [tmp_path] and candidate_roots(tmp_path / "a") == [tmp_path / "a"]
     monkeypatch.delenv(ENV_VAR)
     assert candidate_roots(None) == [SHARED_DATA_DIR]
 
