@@ -50,7 +50,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 def _launch(run_dir: Path, *flags: str) -> None:
     out = subprocess.run([sys.executable, "-m", "fedguard.launch", "--clients", str(N), "--rounds", str(ROUNDS),
-                          "--run-dir", str(run_dir), "--min-updates", str(N), *flags],
+                          "--run-dir", str(run_dir), "--min-updates", str(N), "--torch-threads", "1", *flags],
                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
 

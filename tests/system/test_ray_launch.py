@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _launch(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": ""}  # a local instance, never a shared cluster
     return subprocess.run([sys.executable, "-m", "fedguard.launch", "--clients", "12", "-k", "4", "--rounds", "3",
-                           "--procs", "2", "--trainer", "vanilla", "--run-dir", str(run_dir), *extra],
+                           "--procs", "2", "--trainer", "vanilla", "--torch-threads", "1", "--run-dir", str(run_dir),
+                           *extra],
                           capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
 
 
@@ -33,13 +34,13 @@ def test_ray_actors_run_the_same_federation_as_worker_processes(tmp_path: Path) 
     assert [r[0] for r in rows] == ["1", "2", "3"] and all(r[2] == "4" for r in rows)
     procs = _launch(tmp_path / "procs", "--virtual")
     assert procs.returncode == 0, procs.stdout + procs.stderr
-    # Same configuration and seed, same model bit for bit, whichever backend hosted the clients.
+    # Same configuration, seed and torch threads, same model bit for bit, whichever backend hosted the clients.
     assert (tmp_path / "ray" / "final_model.fgt").read_bytes() == (tmp_path / "procs" / "final_model.fgt").read_bytes()
 
 
 def test_bad_ray_resources_are_refused_before_anything_starts(tmp_path: Path) -> None:
     r = _launch(tmp_path / "run", "--ray", "auto", "--ray-resources", "[1, 2]")
-    assert r.returncode == 2 and "--ray-resources must be a JSON object" in r.stderr
+    assert r.returncode == 2 and "--ray-resources: must be a JSON object" in r.stderr
     assert not (tmp_path / "run" / "server.log").exists()
 
 
