@@ -556,6 +556,7 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
     print(format_header(), file=out, flush=True)
     t_start = time.monotonic()
     t_first_round: float | None = None
+    first_round = 0  # the first round this launcher saw complete (a resumed run starts later)
     total = num_rounds
     next_poll = 0.0
     try:
@@ -584,7 +585,8 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
                             progress.clear()
                             print(format_row(h), file=out, flush=True)
                             history.append(h)
-                            t_first_round = t_first_round or now
+                            if t_first_round is None:
+                                t_first_round, first_round = now, h.round
                 except grpc.RpcError:
                     pass
             if rc is not None:
@@ -605,7 +607,7 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
             elif total and t_first_round is not None:
                 done = history[-1].round
                 progress.show(f"round {done}/{total} done, {now - t_start:.0f} s, "
-                              f"{eta(len(history), len(history) + total - done, now - t_first_round)}")
+                              f"{eta(done - first_round, total - first_round, now - t_first_round)}")
             time.sleep(interval)
     finally:
         channel.close()
