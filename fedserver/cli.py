@@ -161,11 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.run_dir and not args.print_config:
         from fedserver.rundir import RunDirLock, RunDirLocked
+        from fedserver.store import StoreError, check_state
 
-        try:  # before torch is imported: a second server on a run dir in use exits at once
+        # Before torch is imported (seconds): a run dir in use or a damaged state is refused at once.
+        try:
             RunDirLock.probe(args.run_dir)
+            if not args.fresh:
+                check_state(os.path.join(args.run_dir, "state"), fall_back=bool(args.fall_back))
         except RunDirLocked as e:
             print(f"fedserver: run directory: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+        except StoreError as e:
+            print(f"fedserver: state store: {e}", file=sys.stderr)
             return EXIT_CONFIG
     from fedcore.config import ConfigError, redacted
     from fedcore.log import configure_logging

@@ -37,7 +37,14 @@ from fedcore.log import get_logger
 from fedcore.report import RoundReport
 from fedserver import store as store_module
 from fedserver.global_models import GlobalModels
-from fedserver.store import DB_NAME, Snapshot, StateStore, StoreError, archive, ways_on
+from fedserver.store import (
+    Snapshot,
+    StateStore,
+    StoreError,
+    archive,
+    newest_unverified,
+    no_verifiable_snapshot,
+)
 
 STATE_DIR = "state"
 RUN_FILES = ("state", "rounds.jsonl", "config.json", "final_model.fgt")
@@ -129,16 +136,10 @@ class Persistence:
         state_dir = self.run_dir / STATE_DIR
         snap = loaded.snapshot
         if snap is None and loaded.skipped:
-            raise StoreError(f"{state_dir / DB_NAME}: no snapshot verifies ({'; '.join(loaded.skipped)}); "
-                             f"{ways_on(state_dir)}")
+            raise no_verifiable_snapshot(state_dir, loaded.skipped)
         if snap is not None and loaded.skipped:
             if not p.fall_back:
-                raise StoreError(
-                    f"{state_dir / DB_NAME}: the newest snapshot does not verify ({'; '.join(loaded.skipped)}); "
-                    f"nothing was changed or deleted. Ways on: start with --fall-back to resume from round "
-                    f"{snap.completed_rounds}, the newest snapshot that verifies (the unverified ones move to "
-                    f"{state_dir}/quarantine/<time>/, kept), or restore {state_dir} from a copy, or start with "
-                    f"--fresh, which moves the whole old state aside to {self.run_dir}/state.broken-<time>/")
+                raise newest_unverified(state_dir, loaded.skipped, snap.completed_rounds)
             for line in loaded.skipped:
                 self.log.error("state.snapshot_skipped", reason=line)
             moved = self.store.quarantine(loaded.skipped_ids, max(0, snap.history_len))

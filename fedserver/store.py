@@ -56,11 +56,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from fedcore.serialization import _MAGIC, SerializationError, load_state, pack
+# torch (and fedcore.serialization, which needs it) is imported where tensors are read or written, so that
+# fedserver can check a run directory's state (check_state) before it pays for importing torch.
+if TYPE_CHECKING:
+    import torch
 
 DB_NAME = "state.db"
 MODELS_DIR = "models"
@@ -390,6 +391,8 @@ class StateStore:
     def _write_model(self, name: str, state: Mapping[str, torch.Tensor], model_id: str,
                      completed_rounds: int) -> tuple[str, int]:
         """Write ``models/<name>`` in save_state's format via a temp name; returns (sha256 hex, bytes)."""
+        from fedcore.serialization import _MAGIC, pack
+
         manifest, payload = pack(state)
         header = json.dumps({
             "tensors": [{"name": m.name, "dtype": m.dtype, "shape": list(m.shape)} for m in manifest],
@@ -458,9 +461,10 @@ class StateStore:
             self._conn.execute("INSERT OR REPLACE INTO progress (snapshot_id, state, updated) VALUES (?, ?, ?)",
                                (row[0], text, time.time()))
 
-    def load(self) -> Loaded:
+    def load(self, parse: bool = True) -> Loaded:
         """The newest snapshot that verifies, its progress record and history, and a line per newer one that
-        did not (their ids in ``skipped_ids``)."""
+        did not (their ids in ``skipped_ids``). ``parse=False`` checks the model files' sizes and sha256 only
+        and returns no tensors (no torch needed: :func:`check_state`)."""
         skipped: list[str] = []
         skipped_ids: list[int] = []
         with self._lock, self._reading():
@@ -471,7 +475,7 @@ class StateStore:
                     "SELECT model_id, path, sha256, bytes FROM models WHERE snapshot_id = ? ORDER BY model_id",
                     (sid,)).fetchall()
                 try:
-                    snap = self._verify(int(completed_rounds), state_text, models, int(history_len))
+                    snap = self._verify(int(completed_rounds), state_text, models, int(history_len), parse)
                     history = self._history(int(history_len))
                 except _Unverified as e:
                     skipped.append(f"snapshot of round {completed_rounds} skipped: {e}")
@@ -510,7 +514,7 @@ class StateStore:
         return out
 
     def _verify(self, completed_rounds: int, state_text: str,
-                models: Sequence[tuple[str, str, str, int]], history_len: int = -1) -> Snapshot:
+                models: Sequence[tuple[str, str, str, int]], history_len: int = -1, parse: bool = True) -> Snapshot:
         try:
             state = json.loads(state_text)
         except (ValueError, TypeError) as e:
@@ -540,6 +544,10 @@ class StateStore:
                 raise _Unverified(f"{what} cannot be read ({e.strerror or e})") from None
             if got != digest:
                 raise _Unverified(f"{what} fails its sha256 checksum: corrupt or half-written")
+            if not parse:
+                continue
+            from fedcore.serialization import SerializationError, load_state
+
             try:
                 tensors, extra = load_state(path)
             except (SerializationError, ValueError, OSError) as e:
@@ -659,6 +667,35 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def no_verifiable_snapshot(state_dir: Path, skipped: Sequence[str]) -> StoreError:
+    return StoreError(f"{state_dir / DB_NAME}: no snapshot verifies ({'; '.join(skipped)}); {ways_on(state_dir)}")
+
+
+def newest_unverified(state_dir: Path, skipped: Sequence[str], good_round: int) -> StoreError:
+    return StoreError(
+        f"{state_dir / DB_NAME}: the newest snapshot does not verify ({'; '.join(skipped)}); nothing was changed or "
+        f"deleted. Ways on: start with --fall-back to resume from round {good_round}, the newest snapshot that "
+        f"verifies (the unverified ones move to {state_dir}/{QUARANTINE_DIR}/<time>/, kept), or restore {state_dir} "
+        f"from a copy, or start with --fresh, which moves the whole old state aside to "
+        f"{state_dir.parent}/state.broken-<time>/")
+
+
+def check_state(state_dir: str | os.PathLike[str], fall_back: bool = False) -> None:
+    """Raise the :class:`StoreError` the server would stop with for ``state_dir`` (a damaged or foreign
+    ``state.db``, no snapshot that verifies, unverified newest snapshots without ``fall_back``), checking the
+    database and the model files' sizes and sha256 without torch, and changing nothing. Nothing to check (no
+    ``state.db``) is fine. The server runs the full check (tensors parsed) again when it opens the store."""
+    state_dir = Path(state_dir)
+    if not (state_dir / DB_NAME).is_file():
+        return
+    with StateStore(state_dir) as store:
+        loaded = store.load(parse=False)
+    if loaded.snapshot is None and loaded.skipped:
+        raise no_verifiable_snapshot(state_dir, loaded.skipped)
+    if loaded.snapshot is not None and loaded.skipped and not fall_back:
+        raise newest_unverified(state_dir, loaded.skipped, loaded.snapshot.completed_rounds)
 
 
 def _new_stamped_dir(parent: Path, prefix: str = "") -> Path:
