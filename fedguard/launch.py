@@ -36,6 +36,7 @@ import dataclasses
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -163,6 +164,10 @@ def client_id(index: int) -> str:
 
 
 STATUS_CLIENT = "launcher"
+# The operator credential of the servers this launcher starts (GetStatus is operator-only): random per launcher
+# process, handed to the server in its environment (FEDGUARD_OPERATOR_TOKEN), never on a command line, in the
+# run dir or in a log.
+OPERATOR_TOKEN = secrets.token_urlsafe(24)
 
 
 def make_tls_dir(client_ids: list[str], directory: Path | None = None, days: int = 2,
@@ -233,6 +238,7 @@ class Launch:
 FEDERATION_OPTIONS = ("clients", "k", "seed", "config", "server_set", "attackers", "attack", "attack_set",
                       "knowledge", "holdouts", "trainer", "private_epochs", "min_updates")
 LAUNCH_FILE = "launch.json"
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: stopped (or killed) by Ctrl-C or SIGTERM; resumable
 # Dataset options that are paths or local choices: a server never announces them, so the launcher hands them
 # to its clients itself (the clients then read the data the configuration names, never another copy).
 LOCAL_DATA_OPTIONS = ("data_dir", "path", "source", "cache_dir", "download")
@@ -339,7 +345,8 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
     slog = open(run_dir / "server.log", mode)  # noqa: SIM115 (closed in finish())
     logs.append(slog)
     # Every child in a session of its own: a terminal's Ctrl-C reaches the launcher only, which stops them in order.
-    server = subprocess.Popen(server_cmd, stdout=slog, stderr=subprocess.STDOUT, env={**env, "OMP_NUM_THREADS": "1"},
+    server = subprocess.Popen(server_cmd, stdout=slog, stderr=subprocess.STDOUT,
+                              env={**env, "OMP_NUM_THREADS": "1", "FEDGUARD_OPERATOR_TOKEN": OPERATOR_TOKEN},
                               start_new_session=True)
     clients: list[Host] = []
     client_logs: list[Path | None] = []
@@ -577,7 +584,8 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
             if now >= next_poll or rc is not None:
                 next_poll = now + 0.5
                 try:
-                    st = wire.status_from_pb(stub.GetStatus(pb.StatusRequest(), timeout=1.0))
+                    st = wire.status_from_pb(stub.GetStatus(pb.StatusRequest(), timeout=1.0,
+                                                            metadata=[("fg-operator", OPERATOR_TOKEN)]))
                     total = st.num_rounds or total
                     last = history[-1].round if history else 0
                     for h in st.history:
@@ -1012,13 +1020,20 @@ def main(argv: list[str] | None = None) -> int:
     from fedcore.config import ConfigError
 
     try:
-        return _main(args, given_options(argv), t0)
+        rc = _main(args, given_options(argv), t0)
+        if rc == EXIT_INTERRUPTED:
+            # Stopped by Ctrl-C: every child is gone, the logs are closed and the certificates removed. Skip the
+            # interpreter's teardown (torch's and gRPC's take seconds on a loaded machine): return at once.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+        return rc
     except ConfigError as e:
         print(f"launch: configuration error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("launch: interrupted before the federation started; nothing runs", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _main(args: argparse.Namespace, given: dict[str, Any], t0: float) -> int:
@@ -1149,7 +1164,7 @@ def _launch(args: argparse.Namespace, run_dir: Path, t0: float, num_rounds: int)
                     "from its last completed round)")
         print(f"launch: {how} after round {done}; wall {time.monotonic() - t0:.1f} s. Resume with:\n"
               f"  {resume_command(run_dir)}", file=sys.stderr, flush=True)
-        return 130
+        return EXIT_INTERRUPTED
     if rc != 0 and not outcome.failed:  # the server's own error, before waiting for anything else
         detail = last_error(run_dir / "server.log")
         print(f"launch: the server exited with status {rc}" + (":\n  " + detail.replace("\n", "\n  ") if detail
