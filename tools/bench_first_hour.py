@@ -37,7 +37,9 @@ class Outcome:
 
 
 def _env(root: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
+    # The data of this checkout's machine, wherever ROOT is (a worktree elsewhere has no ../shared/data).
+    data = os.environ.get("FEDGUARD_DATA_DIR") or str(Path(__file__).resolve().parent.parent.parent / "shared" / "data")
+    return {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1", "FEDGUARD_DATA_DIR": data}
 
 
 def run_timed(name: str, cmd: list[str], root: Path, pattern: str, limit: float,
