@@ -196,3 +196,27 @@ def test_the_console_shows_one_short_line_per_round(capsys: pytest.CaptureFixtur
         assert "update.accepted" in out.getvalue()
     finally:
         structlog.configure(**saved)
+
+
+def test_progress_is_one_rewritten_line_on_a_terminal_and_rare_plain_lines_otherwise() -> None:
+    from fedguard.launch import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    p = Progress(tty)
+    p.show("round 3/10 done, 4 s, ETA 9s")
+    p.show("round 4/10 done, 5 s, ETA 7s")
+    p.clear()
+    assert tty.getvalue() == ("\r\x1b[2Kround 3/10 done, 4 s, ETA 9s\r\x1b[2Kround 4/10 done, 5 s, ETA 7s"
+                              "\r\x1b[2K")
+    plain = io.StringIO()
+    p = Progress(plain, plain_every=3600.0)
+    p.show("round 3/10 done")  # not a terminal: nothing until plain_every has passed
+    p.last_plain -= 3600.0
+    p.show("round 4/10 done")
+    p.show("round 5/10 done")
+    p.clear()
+    assert plain.getvalue() == "round 4/10 done\n"
