@@ -34,6 +34,9 @@ class Outcome:
     matched: str = ""
     note: str = ""
     lines: list[str] = field(default_factory=list)
+    # CPU seconds (user + system) of the command and the processes it waited for: what the wall time would be on
+    # an idle machine, give or take waits (a shared machine's load stretches the wall times, not this).
+    cpu_s: float | None = None
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -48,6 +51,7 @@ def run_timed(name: str, cmd: list[str], root: Path, pattern: str, limit: float,
     pattern, delay) pairs: send SIGINT ``delay`` s after the first line matching ``after`` (or after the previous
     signal when ``after`` is empty); the times are then measured from the first signal."""
     t0 = time.monotonic()
+    cpu0 = _children_cpu()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(root), cwd=cwd,
                          text=True, start_new_session=True)
     lines: list[str] = []
@@ -91,7 +95,14 @@ def run_timed(name: str, cmd: list[str], root: Path, pattern: str, limit: float,
     reader.join(timeout=2)
     base = t_sig or t0
     return Outcome(name, first[0] - base if first else None, t_exit - base if t_exit else None, rc,
-                   matched[0] if matched else "", note, lines)
+                   matched[0] if matched else "", note, lines, _children_cpu() - cpu0)
+
+
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def launch_cmd(*args: str) -> list[str]:
@@ -173,6 +184,7 @@ def quickstart_standalone(root: Path, work: Path, rounds: int = 20) -> Outcome:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
+    cpu0 = _children_cpu()
     env = _env(root)
     server = subprocess.Popen([sys.executable, "-m", "fedserver", "--insecure", "--address", f"127.0.0.1:{port}",
                                "--rounds", str(rounds), "-k", "3", "--run-dir", str(work / "qs3"), "--fresh",
@@ -192,7 +204,7 @@ def quickstart_standalone(root: Path, work: Path, rounds: int = 20) -> Outcome:
             c.wait(timeout=30)
         except subprocess.TimeoutExpired:
             c.kill()
-    return Outcome(f"fedserver + 3 fedclient processes, {rounds} rounds", None, t, rc)
+    return Outcome(f"fedserver + 3 fedclient processes, {rounds} rounds", None, t, rc, cpu_s=_children_cpu() - cpu0)
 
 
 def main() -> int:
@@ -207,8 +219,9 @@ def main() -> int:
         for o in scenarios(Path(args.root).resolve(), Path(tmp), only):
             fm = "-" if o.first_match_s is None else f"{o.first_match_s:.2f}"
             ex = "-" if o.exit_s is None else f"{o.exit_s:.2f}"
-            print(f"{o.name:<45} message {fm:>6} s  exit {ex:>6} s  rc {o.rc}  {o.note.strip()}  {o.matched}",
-                  flush=True)
+            cpu = "-" if o.cpu_s is None else f"{o.cpu_s:.2f}"
+            print(f"{o.name:<45} message {fm:>6} s  exit {ex:>6} s  cpu {cpu:>6} s  rc {o.rc}  {o.note.strip()}  "
+                  f"{o.matched}", flush=True)
             if args.verbose:
                 print("    " + "\n    ".join(o.lines[-12:]), flush=True)
     return 0
