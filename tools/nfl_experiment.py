@@ -408,14 +408,18 @@ def collect(args: argparse.Namespace) -> int:
         except RunDirError as err:
             print(f"collect: skipped {d.name}: {err}", file=sys.stderr)
             continue
-        if not rows_path.exists() or record is None or not (finished(d) or args.partial):
+        # A run is collected as finished once its sitting is over (its record closed), not when its server has
+        # written the final model while the launcher is still winding down.
+        closed = bool(record and record["sittings"] and record["sittings"][-1].get("ended_utc"))
+        done = finished(d) and closed
+        if not rows_path.exists() or record is None or not (done or args.partial):
             continue
         new = rows_path.read_text()
         target = dest / f"{d.name}.rounds.jsonl"
         if target.exists() and not new.startswith(target.read_text()):
             print(f"collect: {target} holds other rows than {rows_path}; left as it is", file=sys.stderr)
             continue
-        record = {**record, "finished": finished(d), "rounds": len(read_rows(d))}
+        record = {**record, "finished": done, "rounds": len(read_rows(d))}
         if target.exists() and target.read_text() == new and \
                 (dest / f"{d.name}.record.json").exists() and read_record(dest / f"{d.name}.record.json") == record:
             continue

@@ -219,6 +219,9 @@ def test_collect_copies_finished_runs_and_never_another_runs_rows_over_a_collect
         _write_rows(out / name / "rounds.jsonl", _rows(n))
     _finish(out / "nfl-fedavg-s0")
     assert nx.main(["collect", str(out), str(dest)]) == 0
+    assert not dest.exists() or not any(dest.iterdir())  # its sitting is not over: not collected yet
+    _record(out / "nfl-fedavg-s0", {**SPEC, "arm": "fedavg"}, sittings=[{"ended_utc": "2026-11-25T03:00:00+00:00"}])
+    assert nx.main(["collect", str(out), str(dest)]) == 0
     assert sorted(p.name for p in dest.iterdir()) == ["nfl-fedavg-s0.record.json", "nfl-fedavg-s0.rounds.jsonl"]
     rec = read_record(dest / "nfl-fedavg-s0.record.json")
     assert rec is not None and rec["finished"] is True and rec["rounds"] == 150
