@@ -141,7 +141,16 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
         done, _ = await asyncio.wait([t for t in (run, stopper) if t is not None],
                                      return_when=asyncio.FIRST_COMPLETED)
         if run in done:
-            run.result()
+            try:
+                run.result()
+            except BaseException:
+                # The federation stopped on an error (e.g. the state store cannot write): tell the parked
+                # long-polls to come back later before the port closes, so they end as answers, not as
+                # cancelled handlers; the error then goes to the caller (the CLI prints its one line).
+                with contextlib.suppress(Exception):
+                    await coord.stop()
+                await asyncio.sleep(min(linger_s, 0.2))
+                raise
             # Keep answering until every live client has learnt that the federation finished, at most linger_s.
             deadline = asyncio.get_running_loop().time() + linger_s
             while not coord.all_told_finished() and asyncio.get_running_loop().time() < deadline:
