@@ -199,15 +199,23 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(json=config.server.log_json, level=config.server.log_level)
     from fedserver.app import serve
 
-    async def go() -> FederationStatus:
+    async def go() -> FederationStatus | Exception:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        return await serve(config, stop=stop, linger_s=args.linger, fresh=args.fresh)
+        try:
+            return await serve(config, stop=stop, linger_s=args.linger, fresh=args.fresh)
+        except (ConfigError, StoreError, RunDirLocked, OSError) as e:
+            # Returned, not raised: the event loop then winds down gRPC's own tasks as after a normal stop
+            # (an exception escaping asyncio.run leaves them to print CancelledError tracebacks).
+            return e
 
     try:
-        status = asyncio.run(go())
+        result = asyncio.run(go())
+        if isinstance(result, Exception):
+            raise result
+        status = result
     except ConfigError as e:
         print(f"fedserver: configuration error: {e}", file=sys.stderr)
         return EXIT_CONFIG
