@@ -30,7 +30,7 @@ from fedclient.local_round import LocalRound, LocalRoundError
 from fedclient.simulation import DeviceGone, DeviceSimulation
 from fedclient.transport import Transport
 from fedcore.attacks import AttackError, backdoor_batches, poison_client_data
-from fedcore.config import ClientConfig, ConfigError, FederationInfo
+from fedcore.config import ClientConfig, ConfigError, FederationInfo, secret_token
 from fedcore.data import ClientData, load_client_data
 from fedcore.identity import shorten
 from fedcore.log import get_logger
@@ -146,7 +146,11 @@ class FedClient:
         self._fed: FederationInfo | None = None
         self._heartbeat_s = 5.0
         self._rng = random.Random(self.client_id)
-        self._busy = threading.Event()
+        # The join secret: config.token, else token_file's first line (read once; never logged).
+        try:
+            self._token = secret_token(self.config.token, self.config.token_file)
+        except ConfigError as e:
+            raise FedClientError(str(e)) from None
         self._train_data: ClientData | None = None
         # P_i, the accuracy of this client's stand-alone model (None until trained or loaded).
         self.private_accuracy: float | None = None
@@ -185,7 +189,6 @@ class FedClient:
             self._transport = Transport(self.config, self.client_id, self.log)
         except ConfigError as e:
             raise FedClientError(str(e)) from None
-        threading.Thread(target=self._heartbeats, name=f"heartbeat-{self.client_id}", daemon=True).start()
         self.sim.start()
         try:
             self.sim.wait_online(self._sleep)
@@ -291,7 +294,7 @@ class FedClient:
         def do_join() -> pb.JoinReply:
             assert self._transport is not None
             fp = model_fingerprint(self.model) if self.model is not None else ""
-            req = pb.JoinRequest(client_id=self.client_id, token=self.config.token, model_fingerprint=fp,
+            req = pb.JoinRequest(client_id=self.client_id, token=self._token, model_fingerprint=fp,
                                  capabilities=pb.Capabilities(
                                      num_train_samples=self.data.num_train if self.data else 0,
                                      attacker=self.config.attack.active, opt_out=self.config.opt_out,
@@ -357,11 +360,8 @@ class FedClient:
         except AttackError as e:
             raise FedClientError(f"cannot run the {attack.kind} attack on this client's data: {e}") from None
         if self.config.private_epochs and self.private_accuracy is None:
-            self._busy.set()  # heartbeats keep the session alive while the private model trains
-            try:
+            with self._heartbeating():  # heartbeats keep the session alive while the private model trains
                 self.private_accuracy = self._private_model(fed)
-            finally:
-                self._busy.clear()
 
     def _model_factory(self, fed: FederationInfo) -> Callable[[], nn.Module]:
         """Fresh copies of this client's model (the private model is one): the client's own ``model``, or the
@@ -468,20 +468,17 @@ class FedClient:
             return
         self.model.load_state_dict(state)
         started = time.monotonic()
-        self._busy.set()
-        try:
+        with self._heartbeating():
             try:
                 out = self.local.run(self.model, self.data, self._train_data or self.data, self._fed, round_,
                                      bool(header.recovery), header.learning_rate or None, self.private_accuracy)
             except LocalRoundError as e:
                 raise FedClientError(str(e)) from None
-            if fate.outcome == CRASH:
-                self._crash(round_)
-                return
-            if fate.delay_s:
+            if fate.delay_s and fate.outcome != CRASH:
                 self._sleep(fate.delay_s)
-        finally:
-            self._busy.clear()
+        if fate.outcome == CRASH:
+            self._crash(round_)
+            return
         if not self.sim.online():
             self.log.info("simulation.window_closed", client_id=self.client_id, round=round_,
                           reason="the online window ended before the update was sent: never sent")
@@ -507,23 +504,29 @@ class FedClient:
         rejoin = self.config.simulation.crash_rejoin_s
         self.log.info("simulation.crash", client_id=self.client_id, round=round_, rejoin_in_s=rejoin)
         self._session = ""
-        self._busy.clear()
         self._sleep(rejoin)
         self._join_with_retry()
 
-    def _heartbeats(self) -> None:
-        """While the client trains, tell the server every heartbeat interval that it is alive.
+    @contextlib.contextmanager
+    def _heartbeating(self) -> Iterator[None]:
+        """While the block runs (training, the private model), tell the server every heartbeat interval that the
+        client is alive. Nothing runs outside it: an idle client's liveness is the long-poll it holds (the server
+        counts a parked poll as contact), so no thread wakes while the client waits for work."""
+        done = threading.Event()
 
-        Polls and uploads count as contact too, so an idle (polling) client sends no heartbeats.
-        """
-        while not self._stop.is_set():
-            if not self._busy.wait(1.0):
-                continue
-            if self._stop.wait(self._heartbeat_s):
-                return
-            if self._busy.is_set() and self._session and self._transport is not None:
-                with contextlib.suppress(grpc.RpcError):
-                    self._transport.call("Heartbeat", pb.HeartbeatRequest(session_id=self._session), timeout=5.0)
+        def beat() -> None:
+            while not done.wait(self._heartbeat_s) and not self._stop.is_set():
+                if self._session and self._transport is not None:
+                    with contextlib.suppress(grpc.RpcError):
+                        self._transport.call("Heartbeat", pb.HeartbeatRequest(session_id=self._session),
+                                             timeout=5.0)
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{self.client_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
 
     def _push(self, round_: int, train_loss: float, beta_hat: float | None, metrics: dict[str, float]) -> None:
         assert self.model is not None and self._transport is not None and self.data is not None

@@ -10,6 +10,7 @@ the header binds the chunks too.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,11 +44,25 @@ def channel_credentials(config: ClientConfig) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
 
 
+_warned_insecure: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def _first_insecure(server: str) -> bool:
+    """True the first time this process opens a plaintext channel to ``server``: the warning is said once per
+    process (a host of 1,000 virtual clients prints it once, not 1,000 times)."""
+    with _warn_lock:
+        if server in _warned_insecure:
+            return False
+        _warned_insecure.add(server)
+        return True
+
+
 def open_channel(config: ClientConfig, log: Any = None) -> grpc.Channel:
     opts: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)]
     if config.insecure:
-        if log is not None:
+        if log is not None and _first_insecure(config.server):
             log.warning("security.insecure", server=config.server,
                         warning="PLAINTEXT gRPC: anyone on the network path can read and alter the model and "
                                 "this client's updates, or play the server. Use --ca-cert (TLS).")

@@ -126,6 +126,10 @@ class ServerSection:
     heartbeat_interval_s: float = 5.0
     # A client silent for this long is dropped from the available pool until it re-joins.
     heartbeat_patience_s: float = 30.0
+    # A client that neither holds a poll nor was heard from for this long is not selected until it polls again,
+    # and a selected client that does not come for its task within this long is not waited for (0: off): ids
+    # that joined, polled once and fell silent do not stall rounds (fedcore.rounds.Limits).
+    poll_grace_s: float = 3.0
     log_json: bool = False
     log_level: str = "info"
 
@@ -181,8 +185,22 @@ class SecurityConfig:
     # Enrollment file of per-client Ed25519 public keys (fedguard-certs keygen --enroll): every request must be
     # signed by the key enrolled for its client id (works with or without mutual TLS).
     client_keys: str = ""
-    # Accepted clock difference of a signed request, and how long its nonce is remembered.
+    # Accepted clock difference of a signed request, and how long its nonce is remembered (in memory and in the
+    # run dir's replay journal, so a request captured before a restart is refused after it too).
     replay_window_s: float = 60.0
+    # The operator credential: GetStatus (client ids, per-client state) answers only a caller presenting this
+    # token (metadata fg-operator). A file holding it, or FEDGUARD_OPERATOR_TOKEN in the server's environment;
+    # without either, GetStatus answers a client about itself only (its session) and refuses everyone else.
+    operator_token_file: str = ""
+    # Certificate revocation list (PEM or DER, fedguard-certs revoke): a client certificate it lists is refused
+    # at its next call; the file is re-read when it changes.
+    crl: str = ""
+    # Joins admitted per second per credential (the join token, or the certificate/key identity) and per peer
+    # address (token buckets holding two seconds' worth), and the sessions one credential may hold at once.
+    # The defaults let a 10,000-client fleet join within a minute through one token.
+    join_rate_per_credential: float = 500.0
+    join_rate_per_peer: float = 500.0
+    max_sessions_per_credential: int = 20_000
 
 
 @dataclass
@@ -320,6 +338,8 @@ def validate_server_config(c: ServerConfig) -> None:
     _check(s.heartbeat_interval_s > 0, "server.heartbeat_interval_s", f"must be > 0, got {s.heartbeat_interval_s}")
     _check(s.heartbeat_patience_s > s.heartbeat_interval_s, "server.heartbeat_patience_s",
            f"must exceed heartbeat_interval_s ({s.heartbeat_interval_s}), got {s.heartbeat_patience_s}")
+    _check(math.isfinite(s.poll_grace_s) and s.poll_grace_s >= 0, "server.poll_grace_s",
+           f"must be >= 0 seconds (0: off), got {s.poll_grace_s}")
     _check(s.log_level in _LOG_LEVELS, "server.log_level", f"one of {sorted(_LOG_LEVELS)}, got {s.log_level!r}")
     _check(s.stream_idle_timeout_s > 0, "server.stream_idle_timeout_s",
            f"must be > 0, got {s.stream_idle_timeout_s}")
@@ -366,10 +386,17 @@ def validate_server_config(c: ServerConfig) -> None:
                "(--insecure)")
     _check(bool(sec.tls_cert) == bool(sec.tls_key), "security.tls_key", "tls_cert and tls_key go together")
     _check(not (sec.client_ca and sec.insecure), "security.client_ca", "mutual TLS needs TLS: not with insecure")
-    for name in ("tls_cert", "tls_key", "client_ca", "client_keys"):
+    for name in ("tls_cert", "tls_key", "client_ca", "client_keys", "operator_token_file", "crl"):
         _check_file(getattr(sec, name), f"security.{name}")
     _check(math.isfinite(sec.replay_window_s) and sec.replay_window_s > 0, "security.replay_window_s",
            f"must be > 0, got {sec.replay_window_s}")
+    _check(not sec.crl or bool(sec.client_ca), "security.crl", "a CRL revokes client certificates: it needs "
+           "mutual TLS (security.client_ca)")
+    for name in ("join_rate_per_credential", "join_rate_per_peer"):
+        rate = getattr(sec, name)
+        _check(math.isfinite(rate) and rate > 0, f"security.{name}", f"must be > 0 joins per second, got {rate}")
+    _check(sec.max_sessions_per_credential >= 1, "security.max_sessions_per_credential",
+           f"must be >= 1, got {sec.max_sessions_per_credential}")
     _validate_harness(c)
 
 
@@ -529,6 +556,8 @@ def _check_token(token: str, token_file: str, field_path: str) -> None:
 
 MAX_TOKEN = 256
 TOKEN_ENV = "FEDGUARD_TOKEN"
+# The operator credential (GetStatus) in the server's environment; never on a command line or in the run dir.
+OPERATOR_TOKEN_ENV = "FEDGUARD_OPERATOR_TOKEN"
 
 
 def secret_token(token: str, token_file: str) -> str:

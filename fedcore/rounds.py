@@ -204,9 +204,17 @@ Event = RoundStarted | RoundClosed | RoundAbandoned | ClientDropped | Federation
 
 @dataclass(frozen=True)
 class Limits:
-    """What the machine needs of the configuration beyond rounds: liveness patience."""
+    """What the machine needs of the configuration beyond rounds: liveness patience, and the poll grace.
+
+    ``poll_grace_s`` (0: off): a ready client that is neither holding a poll (``Tick.connected``) nor selected
+    in the running round, and was not heard from for this long, is no longer ready (it must poll again to be
+    selected); and a selected client that has not been heard from since the round started (it did not come for
+    its task) stops counting as pending this long after the start. So ids that joined and polled once, then fell
+    silent (a token holder's made-up ids), are not waited for until the patience or the deadline.
+    """
 
     heartbeat_patience_s: float
+    poll_grace_s: float = 0.0
 
 
 def select_clients(available: list[str], n: int, seed: int, round_: int, attempt: int) -> list[str]:
@@ -314,11 +322,15 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
         for cid in connected:
             if cid in s.clients:
                 s.clients[cid].last_seen = now
+        grace = limits.poll_grace_s
+        selected = set(s.selected) if grace and s.phase != SAMPLING else set()
         for cid in sorted(s.clients):
             rec = s.clients[cid]
             if rec.alive and now - rec.last_seen > limits.heartbeat_patience_s:
                 rec.alive = False
                 events.append(ClientDropped(cid, now - rec.last_seen))
+            elif grace and rec.ready and now - rec.last_seen > grace and cid not in selected:
+                rec.ready = False
     if s.phase == SAMPLING:
         available = sum(1 for c in s.clients.values() if c.alive and c.ready)
         if available >= config.effective_min_available:
@@ -333,8 +345,15 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
                 events.append(FederationFinished(s.round - 1, s.outcome))
     elif s.phase == TRAINING:
         k = config.clients_per_round
-        pending = [c for c in s.selected
-                   if c not in s.accepted and c not in s.rejected and s.clients[c].alive]
+        grace = limits.poll_grace_s
+        pending = [c for c in s.selected if c not in s.accepted and c not in s.rejected and s.clients[c].alive]
+        if grace and now - s.phase_since >= grace:
+            # Selected clients that did not come for their task within the grace are not waited for, and are not
+            # ready again until they poll (else the next attempt could select the same silent ids).
+            for c in pending:
+                if s.clients[c].last_seen < s.phase_since:
+                    s.clients[c].ready = False
+            pending = [c for c in pending if s.clients[c].last_seen >= s.phase_since]
         if len(s.accepted) >= k:
             _close(s, now, "quorum", events)
         elif not pending and len(s.accepted) >= config.effective_min_updates:

@@ -36,7 +36,7 @@ from fedcore.config import (
 )
 from fedcore.log import get_logger
 from fedcore.models import build_model
-from fedcore.report import FederationStatus, RoundReport
+from fedcore.report import DistflStatus, FederationStatus, RoundReport
 from fedcore.serialization import TensorMeta, save_state
 from fedcore.train import resolve_device
 from fedserver.clusters import SLOT as DISTFL_SLOT
@@ -82,12 +82,14 @@ class Coordinator:
         model = build_model(config.model.name, config.model.kwargs, seed=config.rounds.seed)
         self.models = GlobalModels.of(model)
         check_aggregation_memory(config, self.models.num_params)
-        self.limits = rm.Limits(heartbeat_patience_s=config.server.heartbeat_patience_s)
+        self.limits = rm.Limits(heartbeat_patience_s=config.server.heartbeat_patience_s,
+                                poll_grace_s=config.server.poll_grace_s)
         # min_updates resolved against the aggregation rule: what the round machine runs
         self.rounds = resolved_rounds(config)
         self.state = rm.RoundState(phase_since=clock())
         self.history: list[RoundReport] = []
-        self.sessions = Sessions(secret_token(config.server.token, config.server.token_file))
+        self.sessions = Sessions(secret_token(config.server.token, config.server.token_file),
+                                 config.security.max_sessions_per_credential)
         self.nfl = NflMonitor(config.nfl)
         check_distfl_model(config, model)
         self.clusters = ClusterShell(config, self.models, model, evaluation_device(config))
@@ -198,13 +200,14 @@ class Coordinator:
     # ---- protocol ----
 
     def join(self, client_id: str, token: str, num_samples: int, opt_out: bool, attacker: bool,
-             model_fingerprint: str) -> JoinResult:
+             model_fingerprint: str, credential: str = "") -> JoinResult:
         self.sessions.authenticate(client_id, token)
+        self.sessions.check_room(client_id, credential)
         if model_fingerprint and model_fingerprint != self.fingerprint:
             self.log.warning("client.join_refused", client_id=client_id, reason="model fingerprint mismatch")
             raise ProtocolError("FAILED_PRECONDITION", f"model fingerprint {model_fingerprint} does not match "
                                                        f"the federation's {self.fingerprint}")
-        session = self.sessions.open(client_id)
+        session = self.sessions.open(client_id, credential)
         self._notify((client_id,))  # a poll of a replaced session returns
         rejoin = client_id in self.state.clients
         self.observe(rm.Joined(client_id, self.clock(), num_samples, opt_out, attacker))
@@ -253,6 +256,7 @@ class Coordinator:
             task = self.dispatch.task_for(self.state, cid, self.clock())
             if task is not None:
                 self.log.debug("task.sent", client_id=cid, round=task.round, model_id=task.model_id)
+                self.observe(rm.Seen(cid, self.clock()))  # it came for its task: pending (poll grace)
                 return task
             remaining = deadline - self.clock()
             if remaining <= 0:
@@ -405,6 +409,19 @@ class Coordinator:
     def all_told_finished(self) -> bool:
         """Every live client has been told that the federation finished (or has left)."""
         return all(cid in self._told_finished for cid in self.state.alive_ids())
+
+    def client_status(self, client_id: str) -> FederationStatus:
+        """What a client may see (GetStatus with its session): the federation's progress and its own record (its
+        cluster), no other client's id, count or state."""
+        s, full = self.state, self.clusters.status([])
+        own = full.assignment.get(client_id)
+        distfl = DistflStatus(enabled=full.enabled, clustered_round=full.clustered_round,
+                              next_clustering=full.next_clustering,
+                              assignment={client_id: own} if own is not None else {})
+        return FederationStatus(
+            federation_id=self.config.server.federation_id, round=s.round, num_rounds=self.config.rounds.num_rounds,
+            phase=s.phase, outcome=s.outcome, clients_known=0, clients_alive=0, selected=0, accepted=0, rejected=0,
+            rejected_total=0, history=(), finished=s.phase == rm.FINISHED, stopping=self.stopping, distfl=distfl)
 
     def status(self) -> FederationStatus:
         s = self.state

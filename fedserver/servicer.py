@@ -26,7 +26,7 @@ from fedcore.serialization import Reassembler, SerializationError
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import bounds
-from fedserver.auth import Authenticator
+from fedserver.auth import Authenticator, RefusalLog
 from fedserver.coordinator import Coordinator, ProtocolError, Task
 from fedserver.limits import StreamLimits, return_freed_memory
 
@@ -68,11 +68,13 @@ class FederationServicer:
     def __init__(self, coordinator: Coordinator) -> None:
         self.coord = coordinator
         cfg = coordinator.config
-        self.auth = Authenticator(cfg.security)
+        self.auth = Authenticator(cfg.security, run_dir=cfg.server.run_dir)
         self.limits = StreamLimits(cfg.server.max_buffered_bytes)
         self.idle_s = cfg.server.stream_idle_timeout_s
         self.log = coordinator.log
         self.refused = 0
+        # Refusals are logged rate-limited per peer address and reason: a flood of bad calls cannot flood the log.
+        self.refusals = RefusalLog(self.log)
         # Only the options a client accepts from a server are announced (fedcore.trust); the server's own
         # (data_dir, cache_dir, path, source, download: for its central evaluation) stay here.
         allowed = remote_options(cfg.data.dataset)
@@ -91,8 +93,8 @@ class FederationServicer:
 
     async def _refuse(self, context: grpc.aio.ServicerContext, method: str, e: ProtocolError) -> Any:
         self.refused += 1
-        self.log.warning("rpc.refused", method=method, code=e.code, reason=shorten(e.message, 300),
-                         peer=shorten(context.peer() or "", 64))
+        self.refusals.event("rpc.refused", context.peer() or "", f"{method}:{e.code}", method=method, code=e.code,
+                            reason=shorten(e.message, 300))
         await context.abort(getattr(grpc.StatusCode, e.code), e.message)
 
     def _session_of(self, identity: str | None, session: str) -> str:
@@ -106,9 +108,12 @@ class FederationServicer:
             bounds.check_join(request)
             identity = self.auth.identify(method_path("Join"), context, item.raw)
             self.auth.require(identity, request.client_id, "client_id")
+            # The credential a join is counted against: the certificate/key identity, else the shared token.
+            credential = f"id:{identity}" if identity is not None else "token"
+            self.auth.admit_join(credential, context.peer() or "")
             caps = request.capabilities
             res = self.coord.join(request.client_id, request.token, int(caps.num_train_samples), caps.opt_out,
-                                  caps.attacker, request.model_fingerprint)
+                                  caps.attacker, request.model_fingerprint, credential)
         except ProtocolError as e:
             await self._refuse(context, "Join", e)
         return pb.JoinReply(session_id=res.session_id, config=self._join_config,
@@ -234,11 +239,23 @@ class FederationServicer:
         return pb.LeaveReply()
 
     async def GetStatus(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.StatusReply:
+        """The whole status (client ids, clusters) for the operator credential only; a client that names its
+        session sees the federation's progress and its own record; anyone else is refused."""
         try:
-            _message(item)
+            request = _message(item)
+            if self.auth.operator(context):
+                return wire.status_to_pb(self.coord.status())
+            if not request.session_id:
+                raise ProtocolError("UNAUTHENTICATED", "GetStatus needs the operator credential (metadata "
+                                                       "fg-operator: the server's security.operator_token_file or "
+                                                       "FEDGUARD_OPERATOR_TOKEN), or a client's own session")
+            bounds.check_session(request.session_id)
+            cid = self._session_of(self.auth.identify(method_path("GetStatus"), context, item.raw),
+                                   request.session_id)
+            own = self.coord.client_status(cid)
         except ProtocolError as e:
             await self._refuse(context, "GetStatus", e)
-        return wire.status_to_pb(self.coord.status())
+        return wire.status_to_pb(own)
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         ser = {name: getattr(pb, name).SerializeToString for name in (

@@ -1,5 +1,10 @@
 """What transport security costs and what the stream limits save, one measurement per subcommand.
 
+  flood      Rounds completed per minute of K = -k honest no-op fedclient processes (fedserver subprocess,
+             plaintext, a shared token from a token file) in a --window before and a --window from the moment one
+             holder of the token joins --ids made-up client ids over one channel, each followed by one zero-wait
+             poll (the server then counts it ready) and silence. Counts rows of the run dir's rounds.jsonl.
+
   transport  Plaintext vs TLS vs mutual TLS, side by side in one run (absolute times on a small VM drift; the
              ratios are what to read).
              Join latency: one fedserver.ServerThread per mode (a federation that never starts a round: it
@@ -507,6 +512,96 @@ def bench_stalled(args: argparse.Namespace) -> None:
             report_stalled(run_stalled(tree, scenario, args))
 
 
+# ---- flood: a token holder joins hundreds of made-up client ids ----
+
+def _rounds_done(run_dir: Path) -> int:
+    try:
+        return sum(1 for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.startswith("{"))
+    except OSError:
+        return 0
+
+
+def _flood(address: str, token: str, ids: int, poll: bool) -> tuple[int, int, float]:
+    """Join ``ids`` made-up client ids with the shared token from one channel (each followed by one zero-wait
+    poll when ``poll``: the server then counts it as ready); (joined, refused, seconds)."""
+    import grpc
+
+    from fedguard.v1 import fedguard_pb2 as pb
+
+    joined = refused = 0
+    started = time.monotonic()
+    with grpc.insecure_channel(address) as ch:
+        join = ch.unary_unary(SERVICE + "Join", pb.JoinRequest.SerializeToString, pb.JoinReply.FromString)
+        pull = ch.unary_stream(SERVICE + "PullTask", pb.PullTaskRequest.SerializeToString,
+                               pb.TaskMessage.FromString)
+        for i in range(ids):
+            try:
+                reply = join(pb.JoinRequest(client_id=f"fake-{i}", token=token), timeout=10)
+                joined += 1
+                if poll:
+                    list(pull(pb.PullTaskRequest(session_id=reply.session_id, max_wait_s=0.0), timeout=10))
+            except grpc.RpcError:
+                refused += 1
+    return joined, refused, time.monotonic() - started
+
+
+def bench_flood(args: argparse.Namespace) -> None:
+    """Rounds completed per minute by K honest no-op fedclient processes, in a window before and in a window
+    right after one token holder joins --ids made-up client ids (each polling once, then silent)."""
+    py = sys.executable
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        t = Path(tmp)
+        run_dir = t / "run"
+        token_file = t / "token"
+        token = "flood-bench-" + os.urandom(8).hex()
+        token_file.write_text(token + "\n")
+        address = f"127.0.0.1:{_free_port()}"
+        server = subprocess.Popen(
+            [py, "-m", "fedserver", "--address", address, "--rounds", "100000", "-k", str(args.k), "--run-dir",
+             str(run_dir), "--token-file", str(token_file), "--insecure", "--log-level", args.log_level,
+             "--round-timeout", str(args.round_timeout), "--model", "mlp", "--dataset", "synthetic"],
+            stdout=open(t / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
+        clients = [subprocess.Popen(
+            [py, "-m", "fedclient", "--server", address, "--client-id", f"honest-{i}", "--data-index", str(i),
+             "--token-file", str(token_file), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning",
+             "--insecure"], stdout=open(t / f"client-{i}.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
+            for i in range(args.k)]
+        try:
+            deadline = time.monotonic() + 120
+            while _rounds_done(run_dir) < 3:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("flood: the federation did not start:\n" + (t / "server.log").read_text()[-3000:])
+                time.sleep(0.2)
+            r0, t0 = _rounds_done(run_dir), time.monotonic()
+            time.sleep(args.window)
+            r1, t1 = _rounds_done(run_dir), time.monotonic()
+            joined, refused, flood_s = _flood(address, token, args.ids, poll=True)
+            time.sleep(max(0.0, args.window - flood_s))
+            r2, t2 = _rounds_done(run_dir), time.monotonic()
+            gaps: list[float] = []
+        finally:
+            for p in [*clients, server]:
+                p.send_signal(signal.SIGTERM)
+            for p in [*clients, server]:
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()
+                if line.startswith("{")]
+        gaps = [float(r.get("seconds", 0.0)) for r in rows[r1:r2]]
+    before = (r1 - r0) * 60 / (t1 - t0)
+    during = (r2 - r1) * 60 / (t2 - t1)
+    print(f"flood: K = {args.k} honest no-op fedclient processes, fedserver (plaintext, mlp on synthetic data, "
+          f"round_timeout {args.round_timeout:g} s); windows of {args.window:g} s")
+    print(f"    without flood: {r1 - r0} rounds in {t1 - t0:.1f} s = {before:.0f} rounds/min")
+    print(f"    flood: {joined} made-up ids joined ({refused} refused) and polled once in {flood_s:.1f} s by one "
+          f"token holder")
+    print(f"    during/after the flood: {r2 - r1} rounds in {t2 - t1:.1f} s = {during:.0f} rounds/min; slowest "
+          f"round {max(gaps, default=float('nan')):.2f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -530,6 +625,14 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--chunk", type=int, default=1 << 20, help="bytes per chunk message")
     st.add_argument("--dir", default=None, help="where the temp run dir goes (default: the system temp dir)")
     st.set_defaults(func=bench_stalled)
+    fl = sub.add_parser("flood", help="rounds per minute before and during a join flood of made-up client ids")
+    fl.add_argument("-k", type=int, default=2, help="honest clients = K")
+    fl.add_argument("--ids", type=int, default=500, help="made-up client ids joined by one token holder")
+    fl.add_argument("--window", type=float, default=30.0, help="seconds of each measuring window")
+    fl.add_argument("--round-timeout", type=float, default=60.0, help="rounds.round_timeout_s")
+    fl.add_argument("--dir", default=None, help="where the temp run dir goes (default: the system temp dir)")
+    fl.add_argument("--log-level", default="warning", help="the server's log level (its log is in the temp dir)")
+    fl.set_defaults(func=bench_flood)
     args = ap.parse_args(argv)
     if str(ROOT) not in sys.path:  # run as a script: fedguard.launch is imported from this repository
         sys.path.insert(0, str(ROOT))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -12,10 +13,18 @@ from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
 
+# The operator credential of the test servers (GetStatus is operator-only): a token file beside the run dir.
+OPERATOR_TOKEN = "operator-token-of-the-tests"
+OPERATOR_MD = (("fg-operator", OPERATOR_TOKEN),)
+
 
 def server_config(tmp_path: Any, **sections: dict[str, Any]) -> ServerConfig:
+    op = Path(tmp_path) / "operator.token"
+    op.parent.mkdir(parents=True, exist_ok=True)
+    op.write_text(OPERATOR_TOKEN + "\n")
     overrides: list[tuple[list[str], Any]] = [(["server", "address"], "127.0.0.1:0"),
-                                              (["server", "run_dir"], str(tmp_path / "run"))]
+                                              (["server", "run_dir"], str(tmp_path / "run")),
+                                              (["security", "operator_token_file"], str(op))]
     if "security" not in sections:
         overrides.append((["security", "insecure"], True))
     for section, values in sections.items():

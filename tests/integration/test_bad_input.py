@@ -12,7 +12,7 @@ import torch
 from fedcore.models import build_model, model_fingerprint
 from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import ServerThread
-from tests.integration.helpers import mark_ready, pull_model, server_config, stub, update_messages
+from tests.integration.helpers import OPERATOR_MD, mark_ready, pull_model, server_config, stub, update_messages
 
 TOKEN = "s3cret"
 CASES = ["wrong_name", "wrong_shape", "wrong_dtype", "nan", "inf", "extra_bytes", "missing_bytes", "oversize",
@@ -111,7 +111,7 @@ def test_each_bad_update_is_refused_with_its_status_and_the_round_goes_on(federa
     assert hist.round == 1 and hist.accepted == 1 and hist.outcome == "all_responded"
     # gRPC's transport refuses the oversize message itself; the servicer sees a truncated update and counts it.
     assert hist.rejected == len(CASES)
-    st = s.GetStatus(pb.StatusRequest(), timeout=5)
+    st = s.GetStatus(pb.StatusRequest(), timeout=5, metadata=OPERATOR_MD)
     assert st.history[0].rejected == len(CASES) and st.rejected_total == len(CASES)
 
 

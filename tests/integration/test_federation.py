@@ -17,7 +17,7 @@ from fedcore.serialization import load_state
 from fedcore.simulation import SimulationConfig
 from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import ServerThread
-from tests.integration.helpers import run_federation, server_config, stub
+from tests.integration.helpers import OPERATOR_MD, run_federation, server_config, stub
 
 
 def _client(address: str, i: int, **kw: object) -> FedClient:
@@ -70,14 +70,22 @@ def test_status_and_health_services(tmp_path: Path) -> None:
     srv = ServerThread(cfg, linger_s=0.2).start()
     try:
         ch, s = stub(srv.address)
-        st = s.GetStatus(pb.StatusRequest(), timeout=5)
+        # Operator-only: refused without the credential, and with a wrong one.
+        for md in (None, (("fg-operator", "wrong"),)):
+            with pytest.raises(grpc.RpcError) as refused:
+                s.GetStatus(pb.StatusRequest(), timeout=5, metadata=md)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        st = s.GetStatus(pb.StatusRequest(), timeout=5, metadata=OPERATOR_MD)
         assert st.round == 1 and st.phase == "sampling" and st.num_rounds == 1 and st.clients_known == 0
         h = health_pb2_grpc.HealthStub(ch)
         for name in ("", "fedguard.v1.Federation"):
             resp = h.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
-        s.Join(pb.JoinRequest(client_id="x"), timeout=5)
-        assert s.GetStatus(pb.StatusRequest(), timeout=5).clients_known == 1
+        sid = s.Join(pb.JoinRequest(client_id="x"), timeout=5).session_id
+        assert s.GetStatus(pb.StatusRequest(), timeout=5, metadata=OPERATOR_MD).clients_known == 1
+        # A client with its session sees the federation's progress and nothing about other clients.
+        own = s.GetStatus(pb.StatusRequest(session_id=sid), timeout=5)
+        assert own.round == 1 and own.num_rounds == 1 and own.clients_known == 0 and not own.history
         ch.close()
     finally:
         srv.stop()
