@@ -1009,6 +1009,7 @@ def save_arguments(args: argparse.Namespace, run_dir: Path, names: list[str]) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["worker"]:
         wp = argparse.ArgumentParser(prog="fedguard-launch worker",
@@ -1021,19 +1022,20 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         rc = _main(args, given_options(argv), t0)
-        if rc == EXIT_INTERRUPTED:
-            # Stopped by Ctrl-C: every child is gone, the logs are closed and the certificates removed. Skip the
-            # interpreter's teardown (torch's and gRPC's take seconds on a loaded machine): return at once.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(rc)
-        return rc
     except ConfigError as e:
         print(f"launch: configuration error: {e}", file=sys.stderr)
-        return 2
+        rc = 2
     except KeyboardInterrupt:
         print("launch: interrupted before the federation started; nothing runs", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        rc = EXIT_INTERRUPTED
+    if as_program and rc in (2, EXIT_INTERRUPTED) and "ray" not in sys.modules:
+        # A refused configuration (nothing started) or a Ctrl-C stop (every child gone, the logs closed, the
+        # certificates removed): skip the interpreter's teardown (torch's and gRPC's take seconds on a loaded
+        # machine) and return at once. Ray's own exit handlers, when it was used, still run.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
 
 
 def _main(args: argparse.Namespace, given: dict[str, Any], t0: float) -> int:
