@@ -96,9 +96,6 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
     federation finished (at most ``linger_s`` seconds), so that clients leave cleanly. When ``stop`` is set
     first, the stop is graceful (:meth:`Coordinator.stop`): the status then has ``stopping`` set.
     """
-    # gRPC cancels the handlers still in flight (parked long-polls) when the server stops; their CancelledError
-    # is the expected end of a call, not an error to print as a traceback.
-    asyncio.get_running_loop().set_exception_handler(_quiet_cancellations)
     coord = Coordinator(config)  # checks the configuration before anything listens or touches the run dir
     # One writer per run directory, before anything listens or touches it (RunDirLocked names the holder).
     lock = RunDirLock.acquire(config.server.run_dir, config.server.address)
@@ -106,12 +103,6 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
         return await _serve_locked(config, coord, lock, ready, stop, linger_s, fresh)
     finally:
         lock.release()
-
-
-def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    if isinstance(context.get("exception"), asyncio.CancelledError):
-        return
-    loop.default_exception_handler(context)
 
 
 async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLock,
