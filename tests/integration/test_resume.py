@@ -132,7 +132,7 @@ def test_a_corrupt_snapshot_stops_the_server_and_with_fall_back_the_round_is_re_
     newest.write_bytes(bytes(data))
     (run_dir / "final_model.fgt").unlink()
     before = {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*")) if f.is_file()}
-    with pytest.raises(StoreError, match="the newest snapshot does not verify .* fails its sha256 checksum"):
+    with pytest.raises(StoreError, match=r"the newest snapshot does not verify .* fails its sha256 checksum"):
         ServerThread(cfg, linger_s=1.0).start()
     after = {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*")) if f.is_file()}
     assert {k: v for k, v in after.items() if k != "server.lock"} == \

@@ -110,8 +110,9 @@ def test_a_corrupt_newest_snapshot_stops_the_server_unless_told_to_fall_back(tmp
     newest.write_bytes(newest.read_bytes()[:100])  # half-written
     before = _tree(tmp_path / "run")
     p2 = Persistence(cfg, _models())
-    with pytest.raises(StoreError, match=r"the newest snapshot does not verify \(snapshot of round 2 skipped: model "
-                                         r"'global' .* truncated or half-written\).*--fall-back to resume from round 1"):
+    with pytest.raises(StoreError, match=r"the newest snapshot does not verify \(snapshot of round 2 skipped: "
+                                         r"model 'global' .* truncated or half-written\).*--fall-back to resume "
+                                         r"from round 1"):
         p2.restore(now=0.0)
     p2.close()
     assert _tree(tmp_path / "run") == before  # nothing changed
