@@ -28,7 +28,7 @@ def _launch(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 def test_ray_actors_run_the_same_federation_as_worker_processes(tmp_path: Path) -> None:
     ray = _launch(tmp_path / "ray", "--ray", "auto", "--ray-cpus", "0.5")
     assert ray.returncode == 0, ray.stdout + ray.stderr
-    assert "12 clients (2 Ray actors)" in ray.stdout and "(mutual TLS)" in ray.stdout
+    assert "12 clients (2 Ray actors, 1 torch thread each)" in ray.stdout and "(mutual TLS)" in ray.stdout
     assert "client hosts ok 2/2" in ray.stdout
     rows = [line.split() for line in ray.stdout.splitlines() if line.split()[:1] in (["1"], ["2"], ["3"])]
     assert [r[0] for r in rows] == ["1", "2", "3"] and all(r[2] == "4" for r in rows)
