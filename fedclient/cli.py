@@ -5,7 +5,8 @@ server's dataset (simulation); ``--data-index`` picks the shard. TLS by default 
 ``--cert``/``--key``; ``--signing-key`` signs every request); plaintext only with ``--insecure``. A server can
 name only built-in models, registered datasets and trainers and non-path data options: anything else it
 announces is refused (exit 2). Exit status: 0 when the federation
-finished, 2 for a bad configuration or a refused join (e.g. a model mismatch), 1 otherwise.
+finished, 2 for a bad configuration or a refused join (e.g. a model mismatch), 4 when the server refuses this client
+(a TLS handshake or authentication check failed: one line names it, within seconds), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -136,9 +137,13 @@ def main(argv: list[str] | None = None) -> int:
 
         config.torch_threads = threads_per_process(client_processes())
     configure_logging(json=config.log_json, level=config.log_level)
-    from fedclient.client import FedClient, FedClientError
+    from fedclient.client import FedClient, FedClientError, FedClientRefused
 
-    client = FedClient(config, model=args.model)
+    try:
+        client = FedClient(config, model=args.model)
+    except FedClientError as e:  # e.g. an unreadable --token-file
+        print(f"fedclient: {e}", file=sys.stderr)
+        return 2
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=client.stop, daemon=True).start()
@@ -147,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         summary = client.run()
+    except FedClientRefused as e:  # a TLS handshake or authentication check failed: retrying cannot help
+        print(f"fedclient: {e}", file=sys.stderr)
+        return 4
     except FedClientError as e:
         print(f"fedclient: {e}", file=sys.stderr)
         return 2

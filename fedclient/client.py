@@ -28,7 +28,7 @@ from torch import nn
 
 from fedclient.local_round import LocalRound, LocalRoundError
 from fedclient.simulation import DeviceGone, DeviceSimulation
-from fedclient.transport import Transport
+from fedclient.transport import Refused, Transport, classify_unauthenticated, classify_unavailable
 from fedcore.attacks import AttackError, backdoor_batches, poison_client_data
 from fedcore.config import ClientConfig, ConfigError, FederationInfo, secret_token
 from fedcore.data import ClientData, load_client_data
@@ -70,6 +70,20 @@ MAX_RETRY_AFTER_S = 60.0
 
 class FedClientError(RuntimeError):
     """The client cannot take part (model mismatch, refused join, server unreachable for too long)."""
+
+
+class FedClientRefused(FedClientError):
+    """The server refuses this client for good (a TLS handshake or authentication check failed): retrying cannot
+    help. ``check`` names the check; ``fedclient`` exits with status 4 and this one line."""
+
+    def __init__(self, refused: Refused) -> None:
+        super().__init__(f"refused: {refused}")
+        self.check = refused.check
+
+
+# A handshake the server closes without naming the check ("Socket closed") counts as a refusal when it happens
+# this many times in a row (a server shutting down closes sockets too).
+HANDSHAKE_CLOSED_REPEATS = 3
 
 
 class _Stopped(Exception):
@@ -189,9 +203,12 @@ class FedClient:
             self._transport = Transport(self.config, self.client_id, self.log)
         except ConfigError as e:
             raise FedClientError(str(e)) from None
+        except Refused as e:  # checked locally before connecting (this client's own certificate)
+            raise FedClientRefused(e) from None
         self.sim.start()
         try:
             self.sim.wait_online(self._sleep)
+            self.log.debug("client.connecting", client_id=self.client_id, server=self.config.server)
             self._join_with_retry()
             self._loop()
         except _Stopped:
@@ -253,6 +270,7 @@ class FedClient:
         """Call ``fn`` until it succeeds, backing off on transient errors; raises after give_up_after_s."""
         backoff = Backoff(self.config.backoff_initial_s, self.config.backoff_max_s, self._rng)
         first_failure: float | None = None
+        closed_handshakes = 0
         while True:
             self._check_stop()
             try:
@@ -261,17 +279,26 @@ class FedClient:
                 code = e.code() if hasattr(e, "code") else None
                 if self._stop.is_set():
                     raise _Stopped from None
+                details = str(e.details() if hasattr(e, "details") else "") or ""
                 if code == grpc.StatusCode.UNAUTHENTICATED and what != "join":
                     raise _SessionLost from None
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    raise FedClientRefused(classify_unauthenticated(shorten(details, 300))) from None
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    refused, certain = classify_unavailable(details, not self.config.insecure,
+                                                            bool(self.config.cert))
+                    closed_handshakes = closed_handshakes + 1 if refused is not None else 0
+                    if refused is not None and (certain or closed_handshakes >= HANDSHAKE_CLOSED_REPEATS):
+                        raise FedClientRefused(refused) from None
                 if code not in _RETRYABLE:
                     raise
                 now = time.monotonic()
                 first_failure = first_failure or now
                 if self.config.give_up_after_s and now - first_failure > self.config.give_up_after_s:
-                    # The last error's details say why (a refused TLS handshake names the certificate problem).
-                    details = shorten(str(e.details() if hasattr(e, "details") else "") or "", 300)
+                    # The last error's details say why.
                     raise FedClientError(f"server {self.config.server} unreachable for "
-                                         f"{self.config.give_up_after_s:.0f} s ({what}: {code}: {details})") from None
+                                         f"{self.config.give_up_after_s:.0f} s ({what}: {code}: "
+                                         f"{shorten(details, 300)})") from None
                 delay = backoff.next_delay()
                 self.summary.reconnects += 1
                 self.log.info("client.retrying", client_id=self.client_id, call=what, code=str(code),
@@ -562,4 +589,4 @@ def _first_difference(mine: list[Any], theirs: list[Any]) -> str:
     return f"{len(mine)} tensors here vs {len(theirs)} in the federation"
 
 
-__all__ = ["Backoff", "ClientSummary", "FedClient", "FedClientError"]
+__all__ = ["Backoff", "ClientSummary", "FedClient", "FedClientError", "FedClientRefused"]

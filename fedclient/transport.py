@@ -37,10 +37,97 @@ def _read(path: str, field: str) -> bytes:
         raise ConfigError(field, f"cannot read {path}: {e.strerror}") from None
 
 
+class Refused(Exception):
+    """The server (or this client's own configuration) refuses this client for good: retrying cannot help.
+    ``check`` names the failing check (unknown CA, expired certificate, hostname mismatch, client certificate
+    required, revoked, bad token, clock skew, ...); the message is one line for the operator."""
+
+    def __init__(self, check: str, detail: str) -> None:
+        super().__init__(f"{check}: {detail}")
+        self.check = check
+
+
+def check_own_certificate(pem: bytes, path: str, now: float | None = None) -> None:
+    """Refuse locally, before connecting, a client certificate that is expired or not yet valid."""
+    import datetime as dt
+
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError:
+        raise ConfigError("cert", f"{path}: not a PEM certificate") from None
+    t = dt.datetime.fromtimestamp(time.time() if now is None else now, dt.timezone.utc)
+    if cert.not_valid_after_utc < t:
+        raise Refused("expired certificate", f"this client's certificate {path} expired on "
+                                             f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; issue a new one "
+                                             "(fedguard-certs client)")
+    if cert.not_valid_before_utc > t:
+        raise Refused("certificate not yet valid", f"this client's certificate {path} is valid only from "
+                                                   f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC (check this "
+                                                   "machine's clock)")
+
+
+# What gRPC's UNAVAILABLE details say when the TLS handshake failed, and the check each names. A server that is
+# simply down says "Connection refused" / "Failed to connect" / "Deadline Exceeded" and is retried.
+_HANDSHAKE = (
+    ("Hostname Verification Check failed", "hostname mismatch",
+     "the server's certificate does not name the address dialled (--server, or --server-name to check another "
+     "name)"),
+    ("certificate has expired", "expired certificate", "the server's certificate has expired"),
+    ("certificate is not yet valid", "certificate not yet valid",
+     "the server's certificate is not valid yet (check the clocks)"),
+    ("unable to get local issuer certificate", "unknown CA",
+     "the server's certificate is not signed by a CA this client trusts (--ca-cert)"),
+    ("self signed certificate", "unknown CA",
+     "the server's certificate is not signed by a CA this client trusts (--ca-cert)"),
+    ("CERTIFICATE_VERIFY_FAILED", "server certificate not verified", "the server's certificate did not verify"),
+    ("WRONG_VERSION_NUMBER", "TLS against a plaintext server",
+     "the server does not speak TLS (it runs --insecure); this client uses TLS"),
+)
+
+
+def classify_unavailable(details: str, tls: bool, has_client_cert: bool) -> tuple[Refused | None, bool]:
+    """(the refusal an UNAVAILABLE error's ``details`` names, whether it is certain); (None, False) for a server
+    that is down or unreachable. A TLS connection the server closes during the handshake ("Socket closed") is
+    the server refusing this client's certificate (or its absence); it is counted as such only when it repeats,
+    since a server shutting down closes sockets too."""
+    for needle, check, text in _HANDSHAKE:
+        if needle in details:
+            return Refused(check, f"TLS handshake refused: {text}"), True
+    if tls and "Socket closed" in details and "failed to connect" in details:
+        if not has_client_cert:
+            return Refused("client certificate required", "the server closed the TLS handshake: it requires a "
+                                                          "client certificate (mutual TLS); give --cert and "
+                                                          "--key"), False
+        return Refused("client certificate refused", "the server closed the TLS handshake: it does not accept "
+                                                     "this client's certificate (not signed by its client CA, "
+                                                     "expired, or revoked)"), False
+    return None, False
+
+
+def classify_unauthenticated(details: str) -> Refused:
+    """The check a refused authentication (UNAUTHENTICATED / PERMISSION_DENIED at join) names."""
+    d = details.lower()
+    if "revoked" in d:
+        return Refused("revoked", details)
+    if "bad join token" in d:
+        return Refused("bad token", "the server refused the join token (--token-file, FEDGUARD_TOKEN)")
+    if "from the server's clock" in d or "too old for the replay window" in d:
+        return Refused("clock skew", details)
+    if "signature" in d or "enrolled" in d:
+        return Refused("bad signature", details)
+    if "certificate" in d:
+        return Refused("client certificate refused", details)
+    return Refused("authentication refused", details)
+
+
 def channel_credentials(config: ClientConfig) -> grpc.ChannelCredentials:
     root = _read(config.ca_cert, "ca_cert") if config.ca_cert else None
     key = _read(config.key, "key") if config.key else None
     cert = _read(config.cert, "cert") if config.cert else None
+    if cert is not None:
+        check_own_certificate(cert, config.cert)
     return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
 
 

@@ -37,6 +37,11 @@ A complete setup, TLS + mutual TLS + signed requests
        fedclient --ca-cert ca/ca.pem --cert clients/alice.pem --key clients/alice.key \\
                  --signing-key clients/alice.ed25519 ...
 
+7. Revoke a client's certificate: a certificate revocation list signed by the CA (the server, started with
+   ``--crl clients.crl``, re-reads it when it changes and refuses the revoked certificate at its next call)::
+
+       fedguard-certs revoke --ca ca --crl clients.crl clients/bob.pem
+
 Plain TLS (no client certificates) is steps 1, 2 and 5 without ``--client-ca`` and a client with only
 ``--ca-cert``. ``fedguard-certs show FILE.pem`` prints what a certificate says (subject, SANs, client id,
 validity, whether it is a CA); it never prints private keys.
@@ -86,6 +91,7 @@ __all__ = [
     "make_ca",
     "public_key_b64",
     "read_ca",
+    "revoke",
     "write_ca",
     "write_private",
     "write_public",
@@ -517,6 +523,36 @@ def read_ca(ca_dir: StrPath) -> Issued:
     return ca
 
 
+def revoke(ca: Issued, crl_path: StrPath, serials: Sequence[int], days: int = 30,
+           now: dt.datetime | None = None) -> list[int]:
+    """Add ``serials`` to the CRL at ``crl_path`` (created when missing; an existing one must be this CA's) and
+    re-sign it with the CA key (next update in ``days``); the sorted revoked serials."""
+    _check_days(days)
+    ca_cert, ca_key = _load_ca(ca)
+    when = _utc(now)
+    revoked: dict[int, dt.datetime] = {}
+    if os.path.exists(crl_path):
+        data = _read(crl_path, "CRL")
+        try:
+            old = (x509.load_pem_x509_crl(data) if data.lstrip().startswith(b"-----")
+                   else x509.load_der_x509_crl(data))
+        except ValueError as e:
+            raise CertError(f"{os.fspath(crl_path)}: not a certificate revocation list") from e
+        if not old.is_signature_valid(ca_cert.public_key()):  # type: ignore[arg-type]
+            raise CertError(f"{os.fspath(crl_path)}: not signed by this CA; refusing to replace it")
+        revoked = {r.serial_number: r.revocation_date_utc for r in old}
+    for serial in serials:
+        revoked.setdefault(serial, when)
+    builder = (x509.CertificateRevocationListBuilder().issuer_name(ca_cert.subject).last_update(when)
+               .next_update(when + dt.timedelta(days=days)))
+    for serial, date in sorted(revoked.items()):
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(date).build())
+    crl = builder.sign(ca_key, hashes.SHA256())
+    write_public(crl_path, crl.public_bytes(serialization.Encoding.PEM))
+    return sorted(revoked)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------------------
@@ -561,6 +597,13 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--client-id", required=True, action="append", metavar="ID", help="repeatable")
     k.add_argument("--enroll", metavar="FILE", help="add the public keys to this enrollment file")
     k.add_argument("--force", action="store_true", help="overwrite existing DIR/<id>.ed25519 keys")
+
+    r = sub.add_parser("revoke", help="revoke client certificates: add them to a CRL signed by the CA")
+    r.add_argument("--ca", required=True, metavar="DIR", help="directory with ca.pem and ca.key")
+    r.add_argument("--crl", required=True, metavar="FILE", help="the CRL to create or extend (fedserver --crl)")
+    r.add_argument("cert", nargs="*", metavar="CERT.pem", help="client certificates to revoke")
+    r.add_argument("--serial", action="append", default=[], metavar="HEX", help="a serial to revoke (repeatable)")
+    r.add_argument("--days", type=int, default=30, help="days until the CRL's next update")
 
     sh = sub.add_parser("show", help="describe the certificate(s) in a PEM file")
     sh.add_argument("file", metavar="FILE.pem")
@@ -702,6 +745,23 @@ def _cmd_show(args: argparse.Namespace) -> None:
         print("\n".join(_describe(cert)))
 
 
+def _cmd_revoke(args: argparse.Namespace) -> list[Path]:
+    ca = read_ca(args.ca)
+    serials: list[int] = []
+    for path in args.cert:
+        serials.append(_load_cert(_read(path, "certificate"), path).serial_number)
+    for value in args.serial:
+        try:
+            serials.append(int(value.replace(":", ""), 16))
+        except ValueError:
+            raise CertError(f"--serial {value!r}: not a hexadecimal serial number") from None
+    if not serials:
+        raise CertError("revoke: name the certificates (CERT.pem) or --serial to revoke")
+    revoked = revoke(ca, args.crl, serials, days=args.days)
+    print(f"revoked {', '.join(f'{s:x}' for s in serials)} ({len(revoked)} serials in the list)")
+    return [Path(args.crl)]
+
+
 def main(argv: list[str] | None = None) -> int:
     """``fedguard-certs``: 0 on success, 2 on a refusal or bad usage (one line on stderr)."""
     try:
@@ -709,7 +769,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             _cmd_show(args)
             return 0
-        handler = {"ca": _cmd_ca, "server": _cmd_server, "client": _cmd_client, "keygen": _cmd_keygen}
+        handler = {"ca": _cmd_ca, "server": _cmd_server, "client": _cmd_client, "keygen": _cmd_keygen,
+                   "revoke": _cmd_revoke}
         for path in handler[args.command](args):
             print(f"wrote {path}")
         return 0

@@ -49,6 +49,10 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
                                             "id is the certificate's"),
     "client_keys": ("security.client_keys", str, "enrollment file of client Ed25519 keys (fedguard-certs keygen "
                                                 "--enroll): every request must be signed"),
+    "crl": ("security.crl", str, "mutual TLS: certificate revocation list (fedguard-certs revoke), re-read when it "
+                                 "changes; a revoked client is refused at its next call"),
+    "operator_token_file": ("security.operator_token_file", str, "file holding the operator token that GetStatus "
+                                                                "requires (or FEDGUARD_OPERATOR_TOKEN)"),
     "rounds": ("rounds.num_rounds", int, "number of rounds R"),
     "clients_per_round": ("rounds.clients_per_round", int, "K: updates that close a round"),
     "min_updates": ("rounds.min_updates", int, "updates that suffice when a round closes early or at its deadline "
@@ -197,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(redacted(config), indent=2))
         return 0
     configure_logging(json=config.server.log_json, level=config.server.log_level)
+    if not config.security.insecure:  # refused TLS handshakes become tls.handshake_refused events
+        from fedcore.log import get_logger
+        from fedserver.corelog import capture_handshake_failures
+
+        capture_handshake_failures(get_logger("fedserver"))
     from fedserver.app import serve
 
     async def go() -> FederationStatus | Exception:
