@@ -351,9 +351,9 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
             # Selected clients that did not come for their task within the grace are not waited for, and are not
             # ready again until they poll (else the next attempt could select the same silent ids).
             for c in pending:
-                if s.clients[c].last_seen < s.phase_since:
+                if s.clients[c].last_seen <= s.phase_since:
                     s.clients[c].ready = False
-            pending = [c for c in pending if s.clients[c].last_seen >= s.phase_since]
+            pending = [c for c in pending if s.clients[c].last_seen > s.phase_since]
         if len(s.accepted) >= k:
             _close(s, now, "quorum", events)
         elif not pending and len(s.accepted) >= config.effective_min_updates:

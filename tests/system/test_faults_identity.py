@@ -409,8 +409,7 @@ def test_join_flood_does_not_stall_rounds_and_sessions_are_bounded(tmp_path: Pat
     token = tmp_path / "token"
     token.write_text("flood-token\n")
     srv = _server(tmp_path, "--insecure", "--token-file", str(token), "--rounds", "100000", "-k", "2",
-                  "--model", "mlp", "--dataset", "synthetic", "--set", "security.max_sessions_per_credential=300",
-                  "--log-level", "warning")
+                  "--model", "mlp", "--dataset", "synthetic", "--set", "security.max_sessions_per_credential=300")
     honest = [subprocess.Popen([sys.executable, "-m", "fedclient", "--server", srv.address, "--insecure",
                                 "--client-id", f"honest-{i}", "--data-index", str(i), "--token-file", str(token),
                                 "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning"],
