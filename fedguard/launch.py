@@ -703,6 +703,9 @@ def stop_gracefully(launch: Launch, interrupts: Interrupts, graceful_s: float,
     how = "killed" if interrupts.count >= 2 else "stopped" if server_done is not None else "stopped-unsaved"
     _signal_all(launch, signal.SIGKILL)  # whatever is still running
     launch.server.wait()
+    for c in launch.clients:  # reaped: gone when the launcher returns
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            c.wait(5.0)
     return Outcome(launch.server.returncode, how, "", history)
 
 

@@ -31,9 +31,10 @@ REFERENCE_START_S = 1.6
 FAST = ["--trainer", "noop", "--insecure"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def load_factor() -> float:
-    """How much slower than the quiet reference this machine starts a torch process now (>= 1)."""
+    """How much slower than the quiet reference this machine starts a torch process now (>= 1), measured for each
+    test (a shared machine's load changes from minute to minute)."""
     t = time.monotonic()
     subprocess.run([sys.executable, "-c", "import torch"], check=True, env=_env())
     return max(1.0, (time.monotonic() - t) / REFERENCE_START_S)
