@@ -244,14 +244,14 @@ def test_a_failing_server_is_reported_with_its_error(tmp_path: Path, load_factor
     assert "launch: the server exited with status 2:" in r.stderr
     assert f"server.address: port {port} on 127.0.0.1 is in use" in r.stderr
     assert "final model" not in r.stdout
-    assert seconds < _budget(8.0, load_factor)
+    assert seconds < _budget(10.0, load_factor)  # the launcher's checks, then the server's own start and error
 
 
 def test_clients_that_vanish_on_purpose_are_not_failures(tmp_path: Path) -> None:
     r, _ = _launch("--clients", "6", "-k", "3", "--min-updates", "1", "--min-available", "3", "--rounds", "4",
-                   "--round-timeout", "2", "--dropout", "0.3", "--dropout-return", "-1", "--seed", "1",
-                   "--server-set", "server.heartbeat_patience_s=1.5", "--server-set",
-                   "server.heartbeat_interval_s=0.5", "--run-dir", str(tmp_path / "run"), *FAST)
+                   "--round-timeout", "3", "--dropout", "0.3", "--dropout-return", "-1", "--seed", "1",
+                   "--server-set", "server.heartbeat_patience_s=5", "--server-set",
+                   "server.heartbeat_interval_s=1", "--run-dir", str(tmp_path / "run"), *FAST)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = r.stdout.strip().splitlines()[-1]
     assert summary.startswith("server exit 0; client hosts ok 6/6, ") and "vanished on purpose" in summary, summary
