@@ -97,6 +97,7 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
     first, the stop is graceful (:meth:`Coordinator.stop`): the status then has ``stopping`` set.
     """
     coord = Coordinator(config)  # checks the configuration before anything listens or touches the run dir
+    check_port_free(config.server.address)  # a taken port is refused before the run dir is created or touched
     # One writer per run directory, before anything listens or touches it (RunDirLocked names the holder).
     lock = RunDirLock.acquire(config.server.run_dir, config.server.address)
     try:
@@ -108,7 +109,6 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
 async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLock,
                         ready: Callable[[int, Coordinator, FederationServicer], None] | None,
                         stop: asyncio.Event | None, linger_s: float, fresh: bool) -> FederationStatus:
-    check_port_free(config.server.address)  # a taken port is refused before the run dir is touched
     coord.open(fresh)  # resume or start the federation; a damaged state stops here, before anything listens
     try:
         server = grpc.aio.server(options=grpc_options(config))
