@@ -378,5 +378,7 @@ def test_a_client_that_cannot_verify_the_server_says_why(pki: dict[str, Path], m
     client = FedClient(ClientConfig(server=mtls_server.address, client_id="alice", ca_cert=str(pki["other"] / "ca.pem"),
                                     cert=str(cid / "alice.pem"), key=str(cid / "alice.key"), give_up_after_s=1.0,
                                     backoff_initial_s=0.05, backoff_max_s=0.2))
-    with pytest.raises(FedClientError, match="CERTIFICATE_VERIFY_FAILED"):
+    # A refusal, named at the first attempt (not an outage retried until give_up_after_s).
+    with pytest.raises(FedClientError, match="refused: unknown CA: TLS handshake refused") as e:
         client.run()
+    assert getattr(e.value, "check", None) == "unknown CA"
