@@ -374,7 +374,7 @@ def summarize(args: argparse.Namespace) -> int:
     if args.md:
         Path(args.md).write_text(text + "\n")
     if args.into:
-        splice(Path(args.into), text)
+        splice(Path(args.into), text, args.block)
     if args.plot:
         _plot({rd.name: rd.rows for rd in runs.values()}, Path(args.plot))
         print(f"plot: {args.plot}")
@@ -384,14 +384,16 @@ def summarize(args: argparse.Namespace) -> int:
 BEGIN, END = "<!-- summarize: begin -->", "<!-- summarize: end -->"
 
 
-def splice(md: Path, text: str) -> None:
-    """Replace what lies between the ``BEGIN`` and ``END`` marker lines of ``md`` with ``text`` (the rest of the
-    document, written by hand, stays)."""
+def splice(md: Path, text: str, block: str = "") -> None:
+    """Replace what lies between the ``BEGIN`` and ``END`` marker lines of ``md`` (``<!-- summarize BLOCK:
+    begin -->`` ... with a block name) with ``text``; the rest of the document, written by hand, stays."""
+    begin, end = (BEGIN, END) if not block else (BEGIN.replace("summarize", f"summarize {block}"),
+                                                 END.replace("summarize", f"summarize {block}"))
     doc = md.read_text()
-    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
-        raise SystemExit(f"summarize --into: {md} needs one {BEGIN} line and one {END} line after it")
-    head, rest = doc.split(BEGIN, 1)
-    md.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
+    if doc.count(begin) != 1 or doc.count(end) != 1 or doc.index(begin) > doc.index(end):
+        raise SystemExit(f"summarize --into: {md} needs one {begin} line and one {end} line after it")
+    head, rest = doc.split(begin, 1)
+    md.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
 
 
 def collect(args: argparse.Namespace) -> int:
@@ -498,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--md", default="", help="write the tables to this Markdown file")
     s.add_argument("--into", default="", help=f"write the tables into this Markdown file between its {BEGIN} "
                                               f"and {END} lines")
+    s.add_argument("--block", default="", help="with --into: the block's name, between <!-- summarize NAME: "
+                                                "begin --> and <!-- summarize NAME: end --> (several per file)")
     s.add_argument("--runs", action="store_true", help="also a table per run: rounds, status, wall time, code")
     s.add_argument("--plot", default="", help="write a PNG of accuracy and beta per round (needs matplotlib)")
     c = sub.add_parser("collect", help="copy finished runs' rounds.jsonl and record.json out for committing")

@@ -273,6 +273,10 @@ def test_the_paper_scale_table_is_recomputed_from_its_committed_rows() -> None:
         pytest.skip("no paper-scale runs committed yet")
     committed = _md_rows(res / "nfl_paper.md", "## The table")
     assert committed and committed == _summary([res / "nfl_paper"])
+    # LINDT's comparison: seed 0 of every NFL-environment arm
+    seed0 = sorted((res / "nfl_paper").glob("nfl-*-s0.rounds.jsonl"))
+    committed = _md_rows(res / "nfl_paper.md", "## LINDT's comparison")
+    assert committed and committed == _summary(seed0)
 
 
 def test_the_sequential_drivers_skip_resume_and_refuse_through_launch_run(tmp_path: Path,
@@ -307,6 +311,9 @@ def test_summarize_into_replaces_only_the_marked_block(tmp_path: Path) -> None:
     text = md.read_text()
     assert text.startswith("# title\n\nhand-written\n\n") and text.endswith(f"{nx.END}\n\nmore text\n")
     assert "old table" not in text and "| nfl | fedavg | benign | 0 | 12 |" in text
+    md.write_text(f"{nx.BEGIN}\n{nx.END}\n<!-- summarize s0: begin -->\nx\n<!-- summarize s0: end -->\n")
+    assert nx.main(["summarize", str(tmp_path), "--into", str(md), "--block", "s0"]) == 0
+    assert md.read_text().startswith(f"{nx.BEGIN}\n{nx.END}\n<!-- summarize s0: begin -->\n| env |")
     md.write_text("no markers\n")
     with pytest.raises(SystemExit, match="needs one"):
         nx.main(["summarize", str(tmp_path), "--into", str(md)])
