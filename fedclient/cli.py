@@ -20,6 +20,7 @@ import threading
 from types import FrameType
 
 # Only what the parser needs is imported here: ``fedclient --help`` answers without importing torch.
+from fedcore.about import VersionAction
 from fedcore.names import ATTACKS, DATASETS, TRAINERS, one_of
 
 # fedcore.attacks.poisoning.KINDS, from the torch-free fedcore.names (a test holds them equal).
@@ -66,6 +67,7 @@ _PATHS = {"straggler": "simulation.straggler", "straggler_delay": "simulation.st
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fedclient", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action=VersionAction)
     ap.add_argument("--config", help="TOML file with ClientConfig fields")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     for flag, (tp, help_) in _FLAGS.items():

@@ -1,3 +1,3 @@
 """fedguard's functional core: pure algorithms and state machines, no network (never imports grpc)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

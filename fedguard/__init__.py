@@ -1,3 +1,5 @@
 """fedguard: the wire contract lives in ``fedguard.v1`` (generated from ``protos/``, do not edit by hand)."""
 
-__version__ = "0.1.0"
+from fedcore import __version__
+
+__all__ = ["__version__"]

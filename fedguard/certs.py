@@ -74,6 +74,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fedcore.about import VersionAction
 from fedcore.identity import CLIENT_ID_RULE, valid_client_id
 
 __all__ = [
@@ -571,6 +572,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fedguard-certs", description="Certificates for fedguard TLS / mutual TLS and "
                 "Ed25519 request-signing keys. Writes keys 0600 and certificates 0644, atomically.")
+    p.add_argument("--version", action=VersionAction)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = sub.add_parser("ca", help="create a certificate authority: DIR/ca.pem, DIR/ca.key")

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from fedcore.about import VersionAction
 from fedcore.names import ATTACKS, DATASETS, DETECTORS, MODELS, NFL_MODES, RULES, TRAINERS, one_of
 from fedcore.report import RoundReport  # no torch: --help stays fast
 
@@ -852,6 +853,7 @@ def run_worker(spec_path: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fedguard-launch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action=VersionAction)
     ap.add_argument("--clients", type=int, help="number of clients N (default 10)")
     ap.add_argument("--rounds", type=int, help="rounds R (default: the config's, else 20)")
     ap.add_argument("-k", type=int, help="updates per round K (default: the config's, else N)")

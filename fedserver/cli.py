@@ -28,6 +28,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
+from fedcore.about import VersionAction
 from fedcore.names import DATASETS, DETECTORS, MODELS, NFL_MODES, RULES, TRAINERS, one_of
 from fedserver.errors import EXIT_CONFIG, EXIT_STALLED, EXIT_STOPPED
 
@@ -84,6 +85,7 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fedserver", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action=VersionAction)
     ap.add_argument("--config", help="TOML configuration file")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override any configuration field (value is a TOML literal); repeatable")
