@@ -24,6 +24,7 @@ from fedcore.attacks import AttackConfig
 from fedcore.attacks.harness import SimulationHarnessConfig
 from fedcore.distfl.config import DistflConfig
 from fedcore.nfl.config import NflConfig
+from fedcore.privacy import DpConfig
 from fedcore.simulation import SimulationConfig
 
 if sys.version_info >= (3, 11):
@@ -217,6 +218,8 @@ class ServerConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     distfl: DistflConfig = field(default_factory=DistflConfig)
+    # The privacy budget of server-side DP: (epsilon, delta) per round and an optional budget (fedcore.privacy).
+    dp: DpConfig = field(default_factory=DpConfig)
     # SIMULATION ONLY: the server-side full-knowledge adversary (fedcore.attacks.harness); refused with TLS/mTLS.
     simulation_harness: SimulationHarnessConfig = field(default_factory=SimulationHarnessConfig)
 
@@ -369,6 +372,7 @@ def validate_server_config(c: ServerConfig) -> None:
         raise _aggregation_error(e) from None
     c.nfl.validate("nfl")
     c.distfl.validate("distfl")
+    _validate_dp(c)
     from fedcore.train.trainers import TRAINERS, make_trainer
     _check(c.recovery.method in TRAINERS, "recovery.method",
            f"unknown method {c.recovery.method!r}; known: {', '.join(TRAINERS.names())}")
@@ -398,6 +402,26 @@ def validate_server_config(c: ServerConfig) -> None:
     _check(sec.max_sessions_per_credential >= 1, "security.max_sessions_per_credential",
            f"must be >= 1, got {sec.max_sessions_per_credential}")
     _validate_harness(c)
+
+
+def _validate_dp(c: ServerConfig) -> None:
+    """``[dp]``'s values, and a budget only where an epsilon is computed (Opacus installed, an accounted rule)."""
+    import importlib.util
+
+    from fedcore.privacy import INSTALL_HINT, not_accounted
+
+    try:
+        c.dp.validate("dp")
+    except ValueError as e:
+        field_name, _, message = str(e).partition(": ")
+        raise ConfigError(field_name, message) from None
+    if c.dp.max_epsilon is None:
+        return
+    _check(c.dp.accounting, "dp.max_epsilon", "a budget needs dp.accounting = true")
+    reason = not_accounted(c.aggregation, c.distfl.enabled)
+    _check(reason is None, "dp.max_epsilon", f"no epsilon is computed for this configuration: {reason}")
+    _check(importlib.util.find_spec("opacus") is not None, "dp.max_epsilon",
+           f"the budget needs the privacy accountant: {INSTALL_HINT}")
 
 
 def _validate_harness(c: ServerConfig) -> None:

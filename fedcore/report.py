@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedcore.jsonio import number
+
 NAN = float("nan")
 
 
@@ -80,8 +82,17 @@ class RoundReport:
     # DistFL (SPEC §8): cluster id -> number of clients in it after this round (empty when DistFL is off or
     # before the first clustering).
     clusters: Mapping[str, int] = field(default_factory=dict)
+    # Server-side DP (fedcore.privacy, docs/privacy.md): the cumulative epsilon of the (epsilon, delta) guarantee
+    # after this round (Opacus' RDP accountant), its delta, and this round's noise multiplier z (noise std over
+    # the aggregate's L2 sensitivity) and sampling rate q. NaN when the round is not accounted (DP off, a rule
+    # without a sensitivity bound, or the dp extra not installed).
+    dp_epsilon: float = NAN
+    dp_delta: float = NAN
+    dp_noise_multiplier: float = NAN
+    dp_sample_rate: float = NAN
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``rounds.jsonl`` row; NaN stays a float here: :func:`fedcore.jsonio.dumps` writes it as ``null``."""
         d = dataclasses.asdict(self)
         d["metrics"] = {k: float(v) for k, v in self.metrics.items()}
         d["clusters"] = {str(k): int(v) for k, v in self.clusters.items()}
@@ -89,10 +100,12 @@ class RoundReport:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RoundReport:
-        """The report of a ``to_dict`` row; unknown keys (rows of a newer version) are ignored."""
+        """The report of a ``to_dict`` row; unknown keys (rows of a newer version) are ignored, and ``null`` (strict
+        JSON's form of NaN) reads back as NaN."""
         names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in d.items() if k in names}
-        kwargs["metrics"] = {str(k): float(v) for k, v in dict(d.get("metrics", {})).items()}
+        kwargs: dict[str, Any] = {k: (math.nan if v is None and k in _FLOAT_FIELDS else v)
+                                  for k, v in d.items() if k in names}
+        kwargs["metrics"] = {str(k): number(v) for k, v in dict(d.get("metrics", {})).items()}
         kwargs["clusters"] = {str(k): int(v) for k, v in dict(d.get("clusters", {})).items()}
         return cls(**kwargs)
 
@@ -100,6 +113,19 @@ class RoundReport:
         """Every numeric field beside the aggregation metrics (for flat metric maps and log lines)."""
         return {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)
                 if f.name not in ("round", "outcome", "nfl", "metrics", "clusters")}
+
+
+_FLOAT_FIELDS = frozenset(f.name for f in dataclasses.fields(RoundReport) if f.type in ("float", float))
+
+
+def row_from_json(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``rounds.jsonl`` row as read with :func:`json.loads`, with strict JSON's ``null`` of a number field (and of
+    a metric) back to NaN, so code written for the NaN rows of older files reads both."""
+    out: dict[str, Any] = {k: (math.nan if v is None and k in _FLOAT_FIELDS else v) for k, v in d.items()}
+    metrics = out.get("metrics")
+    if isinstance(metrics, Mapping):
+        out["metrics"] = {str(k): number(v) for k, v in metrics.items()}
+    return out
 
 
 def mean(values: list[float]) -> float:

@@ -145,6 +145,9 @@ class UpdateRejected:
 class Aggregated:
     round: int
     now: float
+    # Non-empty: the federation ends after this round with this outcome (e.g. "dp_budget": the privacy budget
+    # is spent) even when rounds remain.
+    finish: str = ""
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,7 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
         if obs.round == s.round and s.phase == TRAINING and obs.client_id in s.selected:
             s.rejected.setdefault(obs.client_id, obs.reason)
     elif isinstance(obs, Aggregated) and s.phase == AGGREGATING and obs.round == s.round:
-        _next_round(s, obs.now, config, events)
+        _next_round(s, obs.now, config, events, obs.finish)
     elif isinstance(obs, AggregationFailed) and s.phase == AGGREGATING and obs.round == s.round:
         events.append(RoundAbandoned(s.round, s.attempt, len(s.accepted), config.effective_min_updates,
                                      obs.reason))
@@ -299,9 +302,9 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
     return s, events
 
 
-def _next_round(s: RoundState, now: float, config: RoundsConfig, events: list[Event]) -> None:
-    if s.round >= config.num_rounds:
-        s.phase, s.outcome = FINISHED, "completed"
+def _next_round(s: RoundState, now: float, config: RoundsConfig, events: list[Event], finish: str = "") -> None:
+    if finish or s.round >= config.num_rounds:
+        s.phase, s.outcome = FINISHED, finish or "completed"
         s.phase_since = now
         events.append(FederationFinished(s.round, s.outcome))
         return

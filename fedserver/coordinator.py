@@ -43,6 +43,9 @@ from fedserver.clusters import SLOT as DISTFL_SLOT
 from fedserver.clusters import ClusterShell, UpdateBuffer
 from fedserver.clusters import check_model as check_distfl_model
 from fedserver.dispatch import Task, TaskDispatcher, WaitInfo
+from fedserver.dp_monitor import OUTCOME as DP_BUDGET
+from fedserver.dp_monitor import SLOT as DP_SLOT
+from fedserver.dp_monitor import DpMonitor
 from fedserver.errors import EXIT_STALLED, ProtocolError
 from fedserver.finalize import RoundFinalizer
 from fedserver.global_models import GlobalModels
@@ -103,6 +106,8 @@ class Coordinator:
         self.harness = AdversaryHarness(config)  # simulation only; does nothing unless turned on
         self.persistence = Persistence(config, self.models)
         self.persistence.register_slot(NFL_SLOT, self.nfl.save, self.nfl.load)
+        self.dp = DpMonitor(config)
+        self.persistence.register_slot(DP_SLOT, self.dp.save, self.dp.load)
         if self.clusters.enabled:
             self.persistence.register_slot(DISTFL_SLOT, self.clusters.save, self.clusters.load)
         self.run_dir = Path(config.server.run_dir)
@@ -151,6 +156,8 @@ class Coordinator:
             self.state, self.resumed_from = restored.round_state, restored.completed_rounds
             self.history[:] = restored.history
             self.dispatch.invalidate()
+            if self.dp.stop_required and self.state.phase != rm.FINISHED:  # the privacy budget is spent
+                self.state.phase, self.state.outcome = rm.FINISHED, DP_BUDGET
         self.log.info("federation.started", federation_id=self.config.server.federation_id,
                       model=self.config.model.name, params=self.models.num_params, fingerprint=self.fingerprint,
                       rounds=self.config.rounds.num_rounds, k=self.config.rounds.clients_per_round,
@@ -313,12 +320,13 @@ class Coordinator:
             return
         report = self.clusters.complete(await self.finalizer.report(result, log, self.state, reason))
         report, _ = self.nfl.observe(report)  # moves the detector before the snapshot that saves it
+        report, budget_spent = await asyncio.to_thread(self.dp.observe, report)  # (epsilon, delta) so far
         await asyncio.to_thread(self.persistence.snapshot, self.state, [*self.history, report], round_)
         crash_point("persisted", round_)
         for fn in self._subscribers:
             fn(report)
         self.intake.finished_round()
-        self.observe(rm.Aggregated(round_, self.clock()))
+        self.observe(rm.Aggregated(round_, self.clock(), DP_BUDGET if budget_spent else ""))
 
     def _log_round(self, r: RoundReport) -> None:
         self.log.info("round.completed", round=r.round, outcome=r.outcome, **r.scalars(), **r.metrics,

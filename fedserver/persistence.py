@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedcore import jsonio
 from fedcore import rounds as rm
 from fedcore.config import ConfigError, ServerConfig, redacted
 from fedcore.log import get_logger
@@ -178,7 +179,7 @@ class Persistence:
     def _write_config(self) -> None:
         path = self.run_dir / "config.json"
         try:
-            path.write_text(json.dumps(redacted(self.config), indent=2))
+            path.write_text(jsonio.dumps(redacted(self.config), indent=2))
             (self.run_dir / "rounds.jsonl").touch()
         except OSError as e:
             raise StoreError(f"{e.filename or path}: cannot write the new federation's files "
@@ -243,9 +244,9 @@ def _rounds_in(path: Path) -> int:
 
 
 def write_round(run_dir: Path, report: RoundReport) -> None:
-    """Append the round's row to ``rounds.jsonl`` (a row cut short by an earlier failed write is ended first, so
-    rows never run together). A failed write (disk full) is a :class:`StoreError`: the round is in the store
-    already and its row is re-appended on the next start."""
+    """Append the round's row to ``rounds.jsonl`` as strict JSON (NaN as ``null``, :mod:`fedcore.jsonio`); a row
+    cut short by an earlier failed write is ended first, so rows never run together. A failed write (disk full) is
+    a :class:`StoreError`: the round is in the store already and its row is re-appended on the next start."""
     path = run_dir / "rounds.jsonl"
     try:
         with open(path, "ab+") as f:
@@ -253,7 +254,7 @@ def write_round(run_dir: Path, report: RoundReport) -> None:
                 f.seek(-1, os.SEEK_END)
                 if f.read(1) != b"\n":
                     f.write(b"\n")
-            f.write((json.dumps(report.to_dict()) + "\n").encode())
+            f.write((jsonio.dumps(report.to_dict()) + "\n").encode())
     except OSError as e:
         raise StoreError(f"{path}: cannot append round {report.round} ({e.strerror or e}). The round is saved in the "
                          "state store and its row is written again on the next start: fix the cause (free disk "

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from fedcore import jsonio
+from fedcore.report import row_from_json
+
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = "record.json"
 
@@ -56,7 +59,8 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir if run_dir.name.endswith("rounds.jsonl") else run_dir / "rounds.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # null (strict JSON's NaN) reads back as NaN: the figures below compute with NaN as before
+    return [row_from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 def finite_mean(vals: list[float]) -> float:
@@ -99,7 +103,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 def write_record(run_dir: Path, record: dict[str, Any]) -> None:
     """Write the record atomically (a stop mid-write leaves the previous one)."""
     tmp = run_dir / (RECORD + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(jsonio.dumps(record, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, run_dir / RECORD)
 
 

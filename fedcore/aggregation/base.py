@@ -194,6 +194,7 @@ class StreamingFedAvg:
             "rule_update_norm": float(torch.linalg.vector_norm(mean)),
             "aggregate_update_norm": float(torch.linalg.vector_norm(step)),
             "noise_norm": noise.noise_norm,
+            "max_weight_share": max(r.weight for r in received) / total_weight,
         }
         if self._sketch is not None:
             sketches = [r.sketch for r in received if r.sketch is not None]

@@ -21,6 +21,8 @@ before clipping; g = w^r - w^{r-1} the final aggregate step, rule output plus DP
   median n-1 or n-2, Bulyan 2f among the selected).
 - ``num_rejected``: updates refused by validation (non-finite, over the norm ceiling, wrong shape).
 - ``rule_update_norm``: ``||rule output||``; ``aggregate_update_norm``: ``||g||`` (with noise).
+- ``max_weight_share``: ``max_i w_i / Σ_i w_i`` over the aggregated updates (``1/n`` unweighted): how far one
+  client's clipped update can move a mean, the sensitivity factor of the DP accountant (:mod:`fedcore.privacy`).
 """
 
 from __future__ import annotations

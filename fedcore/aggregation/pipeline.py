@@ -80,6 +80,8 @@ class Pipeline:
             "w_div": w_div,
             "delta": w_div - noise.noise_norm,
             "w_div_exact": 1.0,
+            # The largest weight share w_i / Σ w (1/n for the plain mean): the DP accountant's sensitivity factor.
+            "max_weight_share": float(weights.max() / weights.sum()),
         }
         return AggregationResult(new_global, metrics, selected=out.selected), step
 
