@@ -246,6 +246,8 @@ class ClusterShell:
         metrics["distfl_clusters"] = float(len(set(state.assignment.values())))
         metrics["distfl_not_aggregated"] = float(len(not_aggregated))
         metrics["distfl_seconds"] = time.perf_counter() - started
+        if formed is not None and formed.tau is not None:
+            metrics["distfl_tau"] = formed.tau
         result = AggregationResult(global_flat, metrics)
         return _Plan(state, events, models, dropped, result, probe_id, probe, probe_sha, not_aggregated)
 
@@ -296,7 +298,7 @@ class ClusterShell:
         for ev in plan.events:
             if isinstance(ev, ClusterFormed):
                 self.log.info("cluster.formed", round=ev.round, clusters=ev.sizes, retired=list(ev.retired),
-                              excluded=len(ev.excluded),
+                              excluded=len(ev.excluded), threshold=self.cfg.threshold, tau=ev.tau,
                               seeded_from={c.cluster_id: c.seed_from or GLOBAL for c in ev.clusters})
             elif isinstance(ev, ClusterAssigned):
                 self.log.info("cluster.assigned", round=ev.round, client_id=ev.client_id, cluster=ev.cluster_id,

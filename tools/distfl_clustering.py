@@ -9,9 +9,14 @@ One DistFL clustering round, reproduced in-process with the same code the coordi
 then every client trains ``--epochs`` local epochs from the global model (its upload); M_target = the
 sample-weighted mean of the uploads; for every (z, steps, E%) of the grid: extract the probe from M_target
 (Eq. 4; ``steps = 0`` is the paper's "plain noise inputs" baseline of Fig. 6), every upload's softmax responses,
-the KL matrix and the union-find clusters at each τ of ``--tau``. Printed per configuration: the adjusted Rand
-index of the clusters against the true groups, the number of clusters, and the wall seconds of extraction,
-responses and clustering.
+the KL matrix and the union-find clusters at each τ of ``--tau`` and at the τ of each automatic rule of ``--auto``
+(``gap``, ``silhouette``: :func:`fedcore.distfl.choose_threshold`). Printed per configuration: the adjusted Rand
+index of the clusters against the true groups, the number of clusters (and purity: no cluster mixes groups), the
+wall seconds of extraction, responses and clustering, and the separation diagnostic of the link distance d =
+min(KL(V_i‖V_j), KL(V_j‖V_i)): the largest single-linkage merge height needed to join each true group
+("within") against the smallest d between two groups ("across"); within < across means some τ recovers the groups
+exactly (a threshold problem), within >= across that no τ can (a probe/feature problem). ``--dump`` writes the KL
+matrices and the true groups as JSON.
 
 Scenarios:
 - ``types`` (DistFL Table 2, category imbalance): ``--types`` distribution types of disjoint class pairs, N/T
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import sys
 import time
@@ -111,6 +117,31 @@ def _uploads(args: argparse.Namespace, data: list[Any]) -> tuple[torch.nn.Module
     return model, uploads, target, time.perf_counter() - started
 
 
+def separation(p: list[list[float]], truth: list[int]) -> tuple[float, float]:
+    """(within, across): the largest single-linkage merge height inside any true group, and the smallest link
+    distance between two groups (both on d = min(p, pᵀ)); within < across <=> some τ gives the groups exactly."""
+    within = 0.0
+    for g in sorted(set(truth)):
+        idx = [i for i, t in enumerate(truth) if t == g]
+        heights = distfl.single_link_merges([[p[i][j] for j in idx] for i in idx])
+        within = max([within, *heights])
+    across = min((min(p[i][j], p[j][i]) for i in range(len(p)) for j in range(len(p)) if truth[i] != truth[j]),
+                 default=math.inf)
+    return within, across
+
+
+def _cell(p: list[list[float]], truth: list[int], tau: float, show_tau: bool) -> str:
+    comps = distfl.link_components(p, tau)
+    labels = [0] * len(p)
+    for ci, comp in enumerate(comps):
+        for i in comp:
+            labels[i] = ci
+    ari = distfl.adjusted_rand_index(truth, labels)
+    pure = all(len({truth[i] for i in comp}) == 1 for comp in comps)
+    return (f"{ari:.3f} / {len(comps)}" + (" pure" if pure else " mixed")
+            + (f" (tau {tau:.3g})" if show_tau else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="cifar10")
@@ -129,10 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, nargs="+", default=[0, 200])
     ap.add_argument("--top", type=float, nargs="+", default=[0.5])
     ap.add_argument("--tau", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.5])
+    ap.add_argument("--auto", nargs="*", default=["gap", "silhouette"], choices=["gap", "silhouette"],
+                    help="automatic thresholds to evaluate beside the fixed ones")
+    ap.add_argument("--dump", default="", help="write the KL matrices and the true groups to this JSON file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--md", default="", help="also write the table to this markdown file")
     args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(1)
 
     data, truth = _data(args)
     model, uploads, target, train_s = _uploads(args, data)
@@ -141,8 +175,12 @@ def main(argv: list[str] | None = None) -> int:
              f"{args.warmup} warm-up FedAvg rounds + 1 clustered round, {args.epochs} local epoch(s), seed "
              f"{args.seed} (training {train_s:.1f} s)", "",
              "| z | steps | E% | Eq. 4 loss (first -> final) | extract s | responses s | cluster s | "
-             + " | ".join(f"ARI / clusters at tau={t}" for t in args.tau) + " |",
-             "|" + " --- |" * (7 + len(args.tau))]
+             "within / across | "
+             + " | ".join([f"ARI / clusters at tau={t}" for t in args.tau]
+                          + [f"ARI / clusters, {a}" for a in args.auto])
+             + " |",
+             "|" + " --- |" * (8 + len(args.tau) + len(args.auto))]
+    dump: dict[str, Any] = {"args": vars(args), "truth": truth, "kl": {}}
     print("\n".join(lines), flush=True)
     for z, steps, top in itertools.product(args.z, args.steps, args.top):
         cfg = distfl.DistflConfig(enabled=True, z=z, steps=steps, top_fraction=top).validate()
@@ -157,23 +195,21 @@ def main(argv: list[str] | None = None) -> int:
             vs.append(distfl.responses(model, ext.inputs))
         t2 = time.perf_counter()
         p = distfl.kl_matrix(vs).tolist()
-        cells = []
-        for tau in args.tau:
-            comps = distfl.link_components(p, tau)
-            labels = [0] * len(uploads)
-            for ci, comp in enumerate(comps):
-                for i in comp:
-                    labels[i] = ci
-            ari = distfl.adjusted_rand_index(truth, labels)
-            pure = all(len({truth[i] for i in comp}) == 1 for comp in comps)
-            cells.append(f"{ari:.3f} / {len(comps)}" + ("" if args.scenario == "types" else
-                                                         (" pure" if pure else " mixed")))
+        dump["kl"][f"z{z}_steps{steps}_top{top}"] = p
+        cells = [_cell(p, truth, tau, False) for tau in args.tau]
         t3 = time.perf_counter()
+        cells += [_cell(p, truth, distfl.choose_threshold(p, a, cfg.tau), True) for a in args.auto]
+        within, across = separation(p, truth)
         first = f"{float(ext.losses[0]):.3f}" if len(ext.losses) else "-"
         row = (f"| {z} | {steps} | {round(top * 100)} | {first} -> {float(ext.final_loss):.3f} | "
-               f"{t1 - t0:.2f} | {t2 - t1:.2f} | {(t3 - t2) / len(args.tau):.3f} | " + " | ".join(cells) + " |")
+               f"{t1 - t0:.2f} | {t2 - t1:.2f} | {(t3 - t2) / max(1, len(args.tau)):.3f} | "
+               f"{within:.3g} / {across:.3g} | "
+               + " | ".join(cells) + " |")
         lines.append(row)
         print(row, flush=True)
+    if args.dump:
+        Path(args.dump).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.dump).write_text(json.dumps(dump))
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
         Path(args.md).write_text("\n".join(lines) + "\n")

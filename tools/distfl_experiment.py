@@ -1,11 +1,14 @@
 """DistFL acceptance experiment (issue 12): DistFL vs FedAvg vs Local as real federations on loopback.
 
-    python tools/distfl_experiment.py run --scenario mnist-flip --seeds 0 [--rounds 30] [--timeout 540]
+    python tools/distfl_experiment.py run --scenario mnist-flip --seeds 0 [--rounds 30] [--timeout 540] \
+        [--arms distfl distfl-gap fedavg]
     python tools/distfl_experiment.py summarize runs/distfl_exp --md docs/results/distfl_acceptance.md
 
 ``run`` launches, per scenario and seed, two federations with ``fedguard-launch --config
 configs/distfl_<scenario>.toml`` (real fedserver and virtual fedclient processes): ``distfl`` (the config's
-``[distfl]``) and ``fedavg`` (``distfl.enabled = false``), each in ``OUT/<scenario>-<arm>-s<seed>/``. A run
+``[distfl]``) and ``fedavg`` (``distfl.enabled = false``), each in ``OUT/<scenario>-<arm>-s<seed>/``; ``--arms``
+also offers ``distfl-gap`` and ``distfl-silhouette`` (the config's ``[distfl]`` with the automatic threshold
+``distfl.threshold = "gap"`` / ``"silhouette"``, issue 28) and ``distfl-fixed`` (``distfl.threshold = "fixed"``). A run
 stopped at ``--timeout`` keeps its completed rounds and resumes from them when the command is run again.
 
 ``summarize`` reads the runs and prints, per scenario and arm, means of the last 10 rounds (every client takes
@@ -33,16 +36,20 @@ if str(ROOT) not in sys.path:
 
 from tools.runs import RunDirError, finished, finite_mean, fmt, launch_run, read_rows  # noqa: E402
 
-SCENARIOS = {"cifar-types": "configs/distfl_cifar_types.toml", "mnist-flip": "configs/distfl_mnist_flip.toml",
-             "har": "configs/distfl_har.toml"}
-ARMS = {"distfl": [], "fedavg": ["--server-set", "distfl.enabled=false"]}
+SCENARIOS = {"cifar-types": "configs/distfl_cifar_types.toml", "mnist-types": "configs/distfl_mnist_types.toml",
+             "mnist-flip": "configs/distfl_mnist_flip.toml", "har": "configs/distfl_har.toml"}
+ARMS = {"distfl": [], "distfl-fixed": ["--server-set", "distfl.threshold=fixed"],
+        "distfl-gap": ["--server-set", "distfl.threshold=gap"],
+        "distfl-silhouette": ["--server-set", "distfl.threshold=silhouette"],
+        "fedavg": ["--server-set", "distfl.enabled=false"]}
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
-        for arm, extra in ARMS.items():
+        for arm in args.arms:
+            extra = ARMS[arm]
             name = f"{args.scenario}-{arm}-s{seed}"
             run_dir = out / name
             if finished(run_dir):
@@ -73,7 +80,7 @@ def _final(run_dir: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
 
 
 def _truth(scenario: str, config: dict[str, Any], seed: int, n: int) -> dict[str, int] | None:
-    if scenario == "cifar-types":
+    if config["data"]["options"].get("partition") == "types":
         from fedcore.data.partition import client_types
 
         types = client_types(n, int(config["data"]["options"]["num_types"]))
@@ -150,7 +157,7 @@ def summarize(args: argparse.Namespace) -> int:
                     aris.append(adjusted_rand_index([truth[c] for c in ids], [assignment[c] for c in ids]))
                     purities.append(purity({c: truth[c] for c in ids}, assignment))
                 if scenario == "mnist-flip" and models:
-                    if arm == "distfl" and assignment and truth is not None:
+                    if arm.startswith("distfl") and assignment and truth is not None:
                         benign = [assignment[c] for c in assignment if truth[c] == 0]
                         model_id = max(sorted(set(benign)), key=benign.count)
                     else:
@@ -178,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
     r.add_argument("--rounds", type=int, default=0, help="0: the config's")
     r.add_argument("--timeout", type=float, default=0.0, help="stop a run after this many seconds (0: never)")
+    r.add_argument("--arms", nargs="+", choices=list(ARMS), default=["distfl", "fedavg"])
     s = sub.add_parser("summarize")
     s.add_argument("dir")
     s.add_argument("--md", default="")

@@ -9,7 +9,9 @@ sections (and SPEC §8) to functions:
   BatchNorm (§3.2.1, §6). The pre-aggregated target model (§4.2.1 Eq. 3) is the shell's FedAvg.
 - §4.3 Distribution-based clustering: Eq. 5 :func:`responses` (softmax on the synthetic inputs), Eq. 6
   :func:`kl_matrix` (KL of the normalised concatenated responses = mean per-input KL), the threshold partition
-  :func:`link_components` (:mod:`fedcore.distfl.similarity`).
+  :func:`link_components` (:mod:`fedcore.distfl.similarity`); beyond the paper, an automatic τ
+  (``DistflConfig.threshold``: :func:`choose_threshold`, :func:`gap_threshold`, :func:`silhouette_threshold` on
+  the single-linkage merge heights :func:`single_link_merges`).
 - §5.8.1-style evaluation of a clustering against ground-truth distribution types: :func:`adjusted_rand_index`.
 - §4.4 Aggregation (Eq. 7, FedAvg inside each cluster) runs in the shell, on the membership kept by the
   cross-device state machine of SPEC §8 ("our design"): ``state, events = step(state, observation, config)``
@@ -31,7 +33,7 @@ from fedcore.distfl.clusters import (
     clustering_due,
     step,
 )
-from fedcore.distfl.config import DistflConfig, validate_distfl_config
+from fedcore.distfl.config import THRESHOLDS, DistflConfig, validate_distfl_config
 from fedcore.distfl.extraction import (
     Extraction,
     bn_layers,
@@ -44,14 +46,20 @@ from fedcore.distfl.extraction import (
 from fedcore.distfl.similarity import (
     KL_EPS,
     adjusted_rand_index,
+    choose_threshold,
     flatten_response,
+    gap_threshold,
     kl_matrix,
     link_components,
+    mean_silhouette,
     responses,
+    silhouette_threshold,
+    single_link_merges,
 )
 
 __all__ = [
     "KL_EPS",
+    "THRESHOLDS",
     "ClusterAssigned",
     "ClusterEvent",
     "ClusterFormed",
@@ -65,15 +73,20 @@ __all__ = [
     "bn_layers",
     "bn_statistics_loss",
     "check_has_batchnorm",
+    "choose_threshold",
     "cluster_members",
     "cluster_of",
     "clustering_due",
     "extract_inputs",
     "flatten_response",
+    "gap_threshold",
     "kl_matrix",
     "link_components",
+    "mean_silhouette",
     "responses",
     "select_channels",
+    "silhouette_threshold",
+    "single_link_merges",
     "step",
     "synthesize",
     "validate_distfl_config",

@@ -61,7 +61,7 @@ from typing import Any
 
 from fedcore.checks import check_known_fields
 from fedcore.distfl.config import DistflConfig
-from fedcore.distfl.similarity import kl_matrix, link_components
+from fedcore.distfl.similarity import choose_threshold, kl_matrix, link_components
 
 
 def _id_key(cluster_id: str) -> tuple[int, str]:
@@ -105,12 +105,14 @@ class ClusterInfo:
 class ClusterFormed:
     """Round ``round`` (re-)clustered the clients: ``clusters`` is the full membership after it (sorted by id),
     ``retired`` the old ids no cluster carries on, ``excluded`` the clients whose stored response was on another
-    probe and so were not re-clustered (they kept or followed their old cluster)."""
+    probe and so were not re-clustered (they kept or followed their old cluster), ``tau`` the threshold the link
+    rule used (``DistflConfig.tau``, or the one the automatic rule chose; None when not recorded)."""
 
     round: int
     clusters: tuple[ClusterInfo, ...]
     retired: tuple[str, ...] = ()
     excluded: tuple[str, ...] = ()
+    tau: float | None = None
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -258,7 +260,8 @@ def _recluster(s: ClusterState, round_: int, probe: str, cfg: DistflConfig) -> l
     if not candidates:
         return []
     p = kl_matrix([s.responses[c].values for c in candidates]).tolist()
-    groups = [[candidates[i] for i in comp] for comp in link_components(p, cfg.tau)]
+    tau = choose_threshold(p, cfg.threshold, cfg.tau)
+    groups = [[candidates[i] for i in comp] for comp in link_components(p, tau)]
     old = dict(s.assignment)
     reclustered = set(candidates)
 
@@ -303,7 +306,7 @@ def _recluster(s: ClusterState, round_: int, probe: str, cfg: DistflConfig) -> l
     s.clustered_round = round_
     members = cluster_members(s)
     clusters = tuple(ClusterInfo(cid, tuple(m), seed_of.get(cid)) for cid, m in members.items())
-    return [ClusterFormed(round_, clusters, tuple(sorted(retired, key=_id_key)), tuple(excluded))]
+    return [ClusterFormed(round_, clusters, tuple(sorted(retired, key=_id_key)), tuple(excluded), tau)]
 
 
 def _assign_newcomers(s: ClusterState, obs: ClusterObservation) -> list[ClusterEvent]:

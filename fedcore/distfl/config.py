@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 from fedcore.checks import is_finite_number, is_int
 
+# The ways to choose τ (``DistflConfig.threshold``).
+THRESHOLDS = ("fixed", "gap", "silhouette")
+
 
 @dataclass
 class DistflConfig:
@@ -38,6 +41,11 @@ class DistflConfig:
     # τ: models i and j are linked when KL(V_i‖V_j) < τ or KL(V_j‖V_i) < τ; clusters are the connected
     # components (§4.3, "setting a threshold"; the paper gives no number, SPEC §8 sets 0.2).
     tau: float = 0.2
+    # How τ is chosen at each (re-)clustering (beyond the paper, issue 28): "fixed" uses ``tau``; "gap" cuts the
+    # single-linkage merge heights of the link rule at their largest gap; "silhouette" at the cut with the highest
+    # mean silhouette (:func:`fedcore.distfl.similarity.choose_threshold`). Both automatic rules fall back to
+    # ``tau`` when there is nothing to choose from (two or fewer clients).
+    threshold: str = "fixed"
     # R_w: the first clustering happens after this many rounds of plain FedAvg (cross-device adaptation, SPEC
     # §8, not in the paper, which clusters every round under full participation). 0: cluster from round 1.
     warmup_rounds: int = 5
@@ -69,6 +77,8 @@ def validate_distfl_config(c: DistflConfig, prefix: str = "distfl") -> None:
     check(is_finite_number(c.top_fraction) and 0 < c.top_fraction <= 1, "top_fraction",
           f"must be a number in (0, 1] (the share of BN channels matched), got {c.top_fraction!r}")
     check(is_finite_number(c.tau) and c.tau > 0, "tau", f"must be a finite number > 0, got {c.tau!r}")
+    check(c.threshold in THRESHOLDS, "threshold",
+          f"must be one of {', '.join(repr(t) for t in THRESHOLDS)}, got {c.threshold!r}")
     check(is_int(c.warmup_rounds) and c.warmup_rounds >= 0, "warmup_rounds",
           f"must be an integer >= 0, got {c.warmup_rounds!r}")
     check(is_int(c.recluster_every) and c.recluster_every >= 0, "recluster_every",

@@ -9,18 +9,28 @@
 - :func:`link_components`: the threshold partition of §4.3 in SPEC §8's form: i and j are linked when
   p[i][j] < τ or p[j][i] < τ, clusters are the connected components (union-find), so no number of clusters is
   given in advance.
+- :func:`single_link_merges`, :func:`gap_threshold`, :func:`silhouette_threshold`, :func:`choose_threshold`: an
+  automatic τ (beyond the paper, issue 28). The link rule's components at τ are exactly the single-linkage
+  clusters cut at height τ on d(i, j) = min(p[i][j], p[j][i]), and the only heights where the partition changes
+  are the n − 1 edge weights of a minimum spanning tree of d (the merge heights). ``gap`` cuts at the largest
+  difference between consecutive merge heights; ``silhouette`` cuts where the mean silhouette (on d) is highest.
+  Either returns a τ that :func:`link_components` applies unchanged.
 - :func:`adjusted_rand_index`: Hubert & Arabie's ARI, to score a clustering against the ground-truth
   distribution types (SPEC §8 "Measure").
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from fractions import Fraction
 
 import torch
 from torch import nn
+
+from fedcore.distfl.config import THRESHOLDS
 
 # Probabilities are clamped to at least this before the log, so a softmax that underflowed to 0 gives a large
 # finite divergence instead of inf.
@@ -122,6 +132,125 @@ def link_components(p: Matrix, tau: float) -> list[list[int]]:
     for i in range(n):
         groups.setdefault(find(i), []).append(i)
     return sorted(groups.values(), key=lambda g: g[0])
+
+
+def _link_distance(rows: list[list[float]]) -> list[list[float]]:
+    """d(i, j) = min(p[i][j], p[j][i]), the symmetrisation the link rule uses; a NaN entry is +inf (no link)."""
+    n = len(rows)
+
+    def clean(a: float) -> float:
+        return math.inf if math.isnan(a) else a
+
+    return [[0.0 if i == j else min(clean(rows[i][j]), clean(rows[j][i])) for j in range(n)] for i in range(n)]
+
+
+def single_link_merges(p: Matrix) -> list[float]:
+    """The single-linkage merge heights of the link rule: the edge weights, ascending, of a minimum spanning tree
+    (Kruskal, ties by (i, j)) of d(i, j) = min(p[i][j], p[j][i]). ``link_components(p, tau)`` has n − k components
+    where k is the number of heights below τ. Infinite heights (pairs never linkable, NaN) are left out."""
+    d = _link_distance(_rows(p))
+    n = len(d)
+    parent = list(range(n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    heights: list[float] = []
+    for w, a, b in sorted((d[i][j], i, j) for i in range(n) for j in range(i + 1, n)):
+        if not math.isfinite(w):
+            break
+        ri, rj = find(a), find(b)
+        if ri != rj:
+            parent[max(ri, rj)] = min(ri, rj)
+            heights.append(w)
+    return heights
+
+
+def _cuts(heights: Sequence[float]) -> list[tuple[float, float]]:
+    """(lower, upper) of every cut between two consecutive *distinct* merge heights: a τ in (lower, upper] links
+    every pair at or below ``lower`` and none at or above ``upper``."""
+    return [(a, b) for a, b in itertools.pairwise(heights) if b > a]
+
+
+def gap_threshold(p: Matrix, fallback: float) -> float:
+    """τ at the largest gap between consecutive single-linkage merge heights (:func:`single_link_merges`): the
+    midpoint (lower + upper) / 2 of the pair with the largest upper − lower (ties: the lower cut). So every
+    merge below the gap is kept and every one above it refused: the clusters are the groups that are far closer
+    inside than to each other. With fewer than two distinct heights (n <= 2, all equal) there is no gap to
+    choose and ``fallback`` (the fixed τ) is returned."""
+    cuts = _cuts(single_link_merges(p))
+    if not cuts:
+        return fallback
+    lower, upper = max(cuts, key=lambda c: (c[1] - c[0], -c[0]))
+    return (lower + upper) / 2
+
+
+def _labels(components: list[list[int]], n: int) -> list[int]:
+    labels = [0] * n
+    for k, comp in enumerate(components):
+        for i in comp:
+            labels[i] = k
+    return labels
+
+
+def mean_silhouette(d: Sequence[Sequence[float]], labels: Sequence[int]) -> float:
+    """Rousseeuw's mean silhouette of a partition on the distance matrix ``d``: for each i, a = mean distance to
+    the other members of its cluster, b = the smallest mean distance to another cluster, s = (b − a) / max(a, b)
+    (0 when a = b = 0, and 0 for a member of a singleton cluster). Needs at least two clusters (else ValueError)."""
+    n = len(labels)
+    groups: dict[int, list[int]] = {}
+    for i, k in enumerate(labels):
+        groups.setdefault(k, []).append(i)
+    if len(groups) < 2:
+        raise ValueError("mean_silhouette: needs at least two clusters")
+    total = 0.0
+    for i, k in enumerate(labels):
+        own = groups[k]
+        if len(own) == 1:
+            continue
+        a = math.fsum(d[i][j] for j in own if j != i) / (len(own) - 1)
+        b = min(math.fsum(d[i][j] for j in g) / len(g) for kk, g in groups.items() if kk != k)
+        top = max(a, b)
+        if top > 0 and math.isfinite(top):
+            total += (b - a) / top
+        elif math.isinf(b) and math.isfinite(a):
+            total += 1.0
+    return total / n
+
+
+def silhouette_threshold(p: Matrix, fallback: float) -> float:
+    """τ of the single-linkage cut with the highest mean silhouette on d = min(p, pᵀ) (:func:`mean_silhouette`):
+    every cut between consecutive distinct merge heights that leaves 2 to n − 1 clusters is scored, τ is the
+    midpoint of the best one (ties: the lower cut, i.e. more clusters -- never merging what the score cannot tell
+    apart). ``fallback`` when no cut leaves 2 to n − 1 clusters (n <= 2, or all heights equal)."""
+    rows = _rows(p)
+    n = len(rows)
+    d = _link_distance(rows)
+    best: tuple[float, float] | None = None
+    for lower, upper in _cuts(single_link_merges(rows)):
+        tau = (lower + upper) / 2
+        comps = link_components(rows, tau)
+        if not 2 <= len(comps) <= n - 1:
+            continue
+        score = mean_silhouette(d, _labels(comps, n))
+        if best is None or score > best[0]:
+            best = (score, tau)
+    return fallback if best is None else best[1]
+
+
+def choose_threshold(p: Matrix, method: str, tau: float) -> float:
+    """The τ to cluster ``p`` with: ``"fixed"`` returns ``tau``; ``"gap"`` :func:`gap_threshold`; ``"silhouette"``
+    :func:`silhouette_threshold` (both fall back to ``tau`` when they have nothing to choose from)."""
+    if method == "fixed":
+        return tau
+    if method == "gap":
+        return gap_threshold(p, tau)
+    if method == "silhouette":
+        return silhouette_threshold(p, tau)
+    raise ValueError(f"choose_threshold: unknown method {method!r}, expected one of {', '.join(THRESHOLDS)}")
 
 
 def _pairs(k: int) -> int:

@@ -357,7 +357,8 @@ def test_cluster_machine_warm_up_clustering_newcomer_reclustering_round_trip_and
     # First clustering after warm-up, on a fresh probe: two clusters, seeded from the global model.
     s, ev = step(s, _obs(3, "p3", a1=("A", 0.0), a2=("A", 0.01), b1=("B", 0.0), b2=("B", 0.02)), cfg)
     f = _formed(ev)
-    assert f == ClusterFormed(3, (ClusterInfo("c0", ("a1", "a2"), None), ClusterInfo("c1", ("b1", "b2"), None)))
+    assert f == ClusterFormed(3, (ClusterInfo("c0", ("a1", "a2"), None), ClusterInfo("c1", ("b1", "b2"), None)),
+                              tau=0.2)
     assert f.sizes == {"c0": 2, "c1": 2}
     assert s.clustered_round == 3 and cluster_of(s, "b2") == "c1"
 
