@@ -277,7 +277,7 @@ class StatusRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds", "client_passes", "clusters", "late_total", "attackers")
+    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds", "client_passes", "clusters", "late_total", "attackers", "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_sample_rate")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +325,10 @@ class RoundSummary(_message.Message):
     CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     LATE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ATTACKERS_FIELD_NUMBER: _ClassVar[int]
+    DP_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DP_DELTA_FIELD_NUMBER: _ClassVar[int]
+    DP_NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    DP_SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
     round: int
     selected: int
     accepted: int
@@ -358,7 +362,11 @@ class RoundSummary(_message.Message):
     clusters: _containers.ScalarMap[str, int]
     late_total: int
     attackers: int
-    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ..., client_passes: _Optional[float] = ..., clusters: _Optional[_Mapping[str, int]] = ..., late_total: _Optional[int] = ..., attackers: _Optional[int] = ...) -> None: ...
+    dp_epsilon: float
+    dp_delta: float
+    dp_noise_multiplier: float
+    dp_sample_rate: float
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ..., client_passes: _Optional[float] = ..., clusters: _Optional[_Mapping[str, int]] = ..., late_total: _Optional[int] = ..., attackers: _Optional[int] = ..., dp_epsilon: _Optional[float] = ..., dp_delta: _Optional[float] = ..., dp_noise_multiplier: _Optional[float] = ..., dp_sample_rate: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("federation_id", "round", "num_rounds", "phase", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished", "outcome", "resumed_from", "stopping", "nfl", "distfl")
