@@ -25,12 +25,14 @@ from pathlib import Path
 
 import torch
 
+from fedcore import outputs
 from fedcore import rounds as rm
 from fedcore.config import (
     ConfigError,
     ServerConfig,
     check_aggregation_memory,
     check_data_config,
+    redacted,
     resolved_rounds,
     secret_token,
 )
@@ -48,7 +50,7 @@ from fedserver.dp_monitor import SLOT as DP_SLOT
 from fedserver.dp_monitor import DpMonitor
 from fedserver.errors import EXIT_STALLED, ProtocolError
 from fedserver.finalize import RoundFinalizer
-from fedserver.global_models import GlobalModels
+from fedserver.global_models import GLOBAL, GlobalModels
 from fedserver.harness import AdversaryHarness
 from fedserver.intake import UpdateIntake, UpdateTicket
 from fedserver.nfl_monitor import SLOT as NFL_SLOT
@@ -397,6 +399,7 @@ class Coordinator:
         path = self.run_dir / "final_model.fgt"
         save_state(path, self.models.get(), {"rounds": rounds, "fingerprint": self.fingerprint,
                                              "model": self.config.model.name})
+        self._write_outputs(rounds)
         if outcome == "stalled":
             s = self.state
             self.log.error("federation.stalled", rounds=rounds, exit_code=EXIT_STALLED,
@@ -406,6 +409,14 @@ class Coordinator:
                                   f"resumes from round {rounds + 1}")
         self.log.info("federation.finished", rounds=rounds, outcome=outcome, model_path=str(path))
         self._finished.set()
+
+    def _write_outputs(self, rounds: int) -> None:
+        """The final global model and each DistFL cluster's as safetensors + JSON sidecar (fedcore.outputs)."""
+        sha = outputs.config_hash(redacted(self.config))
+        for model_id in self.models.ids():
+            outputs.write_model(self.run_dir, self.models.get(model_id), model_name=self.config.model.name,
+                                model_kwargs=self.config.model.kwargs, round_=rounds, config_sha=sha,
+                                cluster=None if model_id == GLOBAL else model_id)
 
     def close(self) -> None:
         self.persistence.close()

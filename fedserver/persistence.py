@@ -48,7 +48,8 @@ from fedserver.store import (
 )
 
 STATE_DIR = "state"
-RUN_FILES = ("state", "rounds.jsonl", "config.json", "final_model.fgt")
+RUN_FILES = ("state", "rounds.jsonl", "config.json", "final_model.fgt", "final_model.safetensors", "final_model.json",
+             "final_clusters")
 # Configuration sections and fields that define the federation: a resumed run must keep them.
 IDENTITY = ("model", "data", "training", "aggregation", "rounds.seed", "rounds.clients_per_round",
             "rounds.over_select", "nfl.mode", "nfl.detector")
