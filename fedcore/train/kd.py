@@ -14,7 +14,10 @@ start of ``train``, in eval mode, ``requires_grad`` off, evaluated under ``torch
 - ``"hydra"`` (Khan et al., *HYDRA-FL: Hybrid Knowledge Distillation for Robust and Accurate Federated Learning*,
   NeurIPS 2024, §4, Eq. 8–10): L = CE + (β/b)·KD_final + γ·KD_shallow, on a
   :class:`~fedcore.models.zoo.HydraModel` (``hydra_ntd_cnn``, ``moon_cnn``) whose auxiliary head ``shallow_head``
-  gives the shallow term; ``base`` picks FedNTD's (Eq. 9) or MOON's (Eq. 10) KD loss.
+  gives the shallow term; ``base`` picks FedNTD's (Eq. 9) or MOON's (Eq. 10) KD loss. As in the authors' code
+  (``emtechlab/HYDRA-FL-NeurIPS``, ``algorithms/fedntd/criterion.py``) the default head is the one after the second
+  conv block (``shallow_head = 1``) and FedNTD's shallow term is the plain not-true KL, not scaled by τ²
+  (:func:`ntd_kl`; ``shallow_tau2 = true`` scales it like the final term).
 
 None of them has a recovery method: ``recovery=True`` changes nothing (like ``vanilla``), and the client infers with
 the received model (:func:`fedcore.train.trainers.inference_state` returns ``None``). MOON (and HYDRA on MOON) keep
@@ -65,6 +68,9 @@ PREVIOUS = "previous"
 HYDRA_BASES = (FEDNTD, MOON)
 # HYDRA-FL's default shallow weight γ by base (App. D: γ = 2 for FedNTD, γ = 1 for MOON).
 HYDRA_GAMMA_DEFAULT = {FEDNTD: 2.0, MOON: 1.0}
+# HYDRA-FL's default shallow head: the index into HydraModel.heads of the head after the second conv block (the
+# authors' code distils at that head, ``so2``; hydra_ntd_cnn and moon_cnn have heads after blocks (0, 1)).
+HYDRA_SHALLOW_HEAD_DEFAULT = 1
 
 
 # ---- the losses (pure functions) ----
@@ -77,10 +83,10 @@ def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return logits.gather(1, idx)
 
 
-def ntd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor,
-             tau: float) -> torch.Tensor:
-    """FedNTD's not-true distillation loss L_NTD = τ²·KL(softmax(nt(t)/τ) ‖ softmax(nt(s)/τ)) (FedNTD Eq. 6;
-    HYDRA-FL Eq. 9 and 13's L_KL), KL averaged over the batch (``batchmean``), nt() = :func:`not_true_logits`.
+def ntd_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor,
+           tau: float) -> torch.Tensor:
+    """The not-true KL without FedNTD's τ² factor: KL(softmax(nt(t)/τ) ‖ softmax(nt(s)/τ)), averaged over the
+    batch (``batchmean``), nt() = :func:`not_true_logits`. HYDRA-FL's shallow term in the authors' code.
 
     The true-class logits of both models take no part. ``teacher_logits`` are used as given (pass them detached)."""
     if student_logits.shape != teacher_logits.shape or student_logits.dim() != 2:
@@ -90,7 +96,14 @@ def ntd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, y: torc
         raise ValueError("ntd_loss: needs at least 2 classes (nt() leaves C−1 logits)")
     log_p_student = F.log_softmax(not_true_logits(student_logits, y) / tau, dim=1)
     p_teacher = F.softmax(not_true_logits(teacher_logits, y) / tau, dim=1)
-    return (tau * tau) * F.kl_div(log_p_student, p_teacher, reduction="batchmean")
+    return F.kl_div(log_p_student, p_teacher, reduction="batchmean")
+
+
+def ntd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor,
+             tau: float) -> torch.Tensor:
+    """FedNTD's not-true distillation loss L_NTD = τ²·:func:`ntd_kl` = τ²·KL(softmax(nt(t)/τ) ‖ softmax(nt(s)/τ))
+    (FedNTD Eq. 6; HYDRA-FL Eq. 9 and 13's L_KL), KL averaged over the batch (``batchmean``)."""
+    return (tau * tau) * ntd_kl(student_logits, teacher_logits, y, tau)
 
 
 def moon_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -158,7 +171,12 @@ class HydraConfig:
     - ``b``: the diminishing factor b > 0 dividing β (App. D: 1 for FedNTD; the paper also uses 4), 1.
     - ``gamma``: the shallow KD weight γ; unset = 2.0 with base fedntd, 1.0 with base moon (App. D).
     - ``tau``: FedNTD's temperature τ (1); ``temperature``: MOON's τ_m (0.5); each used by its base only.
-    - ``shallow_head``: the index into ``model.heads`` of the auxiliary classifier used (0: after the first conv).
+    - ``shallow_head``: the index into ``model.heads`` of the auxiliary classifier used; 1 = the head after the
+      second conv block of ``hydra_ntd_cnn`` / ``moon_cnn`` (the authors' code; the paper's ablation calls it S2),
+      0 = after the first (S1).
+    - ``shallow_tau2``: base fedntd only: scale the shallow not-true KL by τ² like the final term (FedNTD's
+      convention). Off by default, as in the authors' code: KD_shallow = :func:`ntd_kl`, KD_final = τ²·ntd_kl.
+      With τ = 1 (the default) both readings are the same loss.
     """
 
     base: str = FEDNTD
@@ -167,7 +185,8 @@ class HydraConfig:
     gamma: float | None = None
     tau: float = 1.0
     temperature: float = 0.5
-    shallow_head: int = 0
+    shallow_head: int = HYDRA_SHALLOW_HEAD_DEFAULT
+    shallow_tau2: bool = False
 
     def validate(self, prefix: str = "") -> HydraConfig:
         if self.base not in HYDRA_BASES:
@@ -180,6 +199,8 @@ class HydraConfig:
         _positive(self.temperature, f"{prefix}temperature")
         if not is_int(self.shallow_head) or self.shallow_head < 0:
             raise ConfigError(f"{prefix}shallow_head", f"must be an integer >= 0, got {self.shallow_head!r}")
+        if not isinstance(self.shallow_tau2, bool):
+            raise ConfigError(f"{prefix}shallow_tau2", f"must be true or false, got {self.shallow_tau2!r}")
         return self
 
     @property
@@ -331,6 +352,7 @@ def _moon_objective(cfg: MoonConfig) -> _MakeObjective:
 def _hydra_objective(cfg: HydraConfig) -> _MakeObjective:
     k = cfg.shallow_head
     w_final, w_shallow = cfg.beta / cfg.b, cfg.shallow_weight
+    shallow_scale = cfg.tau * cfg.tau if cfg.shallow_tau2 else 1.0
     # A term whose weight is 0 is not computed: the parameters only it reaches (the head) get no gradient at all
     # (not a zero one, which weight decay and momentum would still act on).
     use_final, use_shallow = w_final != 0, w_shallow != 0
@@ -362,7 +384,7 @@ def _hydra_objective(cfg: HydraConfig) -> _MakeObjective:
                 if use_final:
                     parts["final"] = ntd_loss(out.logits, t_logits, yb, cfg.tau)
                 if use_shallow:
-                    parts["shallow"] = ntd_loss(out.head_logits[k], t_logits, yb, cfg.tau)
+                    parts["shallow"] = shallow_scale * ntd_kl(out.head_logits[k], t_logits, yb, cfg.tau)
             else:  # Eq. 10, with the previous local model's representations as negatives
                 assert p_model is not None
                 with torch.no_grad():
@@ -432,8 +454,9 @@ def moon_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
 def hydra_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
     """HYDRA-FL (Eq. 8): L = CE + (β/b)·KD_final + γ·KD_shallow on a model with auxiliary heads.
 
-    - base ``fedntd`` (Eq. 9): KD_final = :func:`ntd_loss` (student logits, teacher logits), KD_shallow =
-      :func:`ntd_loss` (head ``shallow_head``'s logits, teacher logits).
+    - base ``fedntd`` (Eq. 9): KD_final = :func:`ntd_loss` (student logits, teacher logits; τ²·KL), KD_shallow =
+      :func:`ntd_kl` (head ``shallow_head``'s logits, teacher logits; no τ², as the authors' code; ×τ² with
+      ``shallow_tau2``).
     - base ``moon`` (Eq. 10): KD_final = :func:`moon_loss` (z, z_glob, z_prev), KD_shallow = :func:`moon_loss`
       (the head's hidden representation as anchor, z_glob as positive, the previous local model's same-head hidden
       representation as negative); the head's hidden size must equal the representation size (256 for

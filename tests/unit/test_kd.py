@@ -17,11 +17,15 @@ from fedcore.seeds import round_seeds
 from fedcore.serialization import save_state
 from fedcore.train import train_local
 from fedcore.train.kd import (
+    HYDRA_SHALLOW_HEAD_DEFAULT,
     KD_TRAINERS,
     PREVIOUS,
     HydraConfig,
+    _hydra_objective,
+    _Meter,
     moon_loss,
     not_true_logits,
+    ntd_kl,
     ntd_loss,
 )
 from fedcore.train.trainers import (
@@ -299,14 +303,41 @@ def test_hydra_trains_its_shallow_head_and_fedntd_does_not() -> None:
         changed[name] = {k for k in before if not torch.equal(before[k], after[k])}
         assert any(k.startswith("blocks.") for k in changed[name])
     assert not any(k.startswith("heads.") for k in changed["fedntd"])
+    # the default head is head 1, the one after the second conv block (the authors' code)
     assert {k for k in changed["hydra"] if k.startswith("heads.")} == {
-        "heads.0.0.1.weight", "heads.0.0.1.bias", "heads.0.1.weight", "heads.0.1.bias"}
+        "heads.1.0.1.weight", "heads.1.0.1.bias", "heads.1.1.weight", "heads.1.1.bias"}
     # shallow_head picks the head
     m = _model("hydra_ntd_cnn", NTD_KW)
     before = _sd(m)
-    make_trainer("hydra", {"shallow_head": 1}).train(m, TrainerState(), x, y, CFG, SEEDS, recovery=False)
+    make_trainer("hydra", {"shallow_head": 0}).train(m, TrainerState(), x, y, CFG, SEEDS, recovery=False)
     assert {k for k in before if k.startswith("heads.") and not torch.equal(before[k], m.state_dict()[k])} == {
-        "heads.1.0.1.weight", "heads.1.0.1.bias", "heads.1.1.weight", "heads.1.1.bias"}
+        "heads.0.0.1.weight", "heads.0.0.1.bias", "heads.0.1.weight", "heads.0.1.bias"}
+
+
+@pytest.mark.parametrize(("name", "kwargs", "second_conv", "head_in"), [
+    # MNIST 28x28: FedNTD's CNN pools 28 -> 14 -> 7 (64 channels), MOON's 28 -> 24 -> 12 -> 8 -> 4 (16 channels)
+    ("hydra_ntd_cnn", {}, (32, 64), 64 * 7 * 7),
+    ("moon_cnn", {}, (6, 16), 16 * 4 * 4),
+])
+def test_the_default_shallow_head_reads_the_second_conv_block(name: str, kwargs: dict[str, int],
+                                                               second_conv: tuple[int, int], head_in: int) -> None:
+    """HYDRA-FL's reference code distils at the head after the second conv block (``so2``): the default head
+    index is 1, and head 1 of the paper's models reads block 1, whose conv is the second one (its input and
+    output channels), flattened to that block's output size."""
+    assert HydraConfig().shallow_head == HYDRA_SHALLOW_HEAD_DEFAULT == 1
+    assert HydraConfig(base="moon").shallow_head == 1
+    assert HydraConfig().shallow_tau2 is False
+    m = _model(name, kwargs)
+    k = HydraConfig().shallow_head
+    assert m.head_after[k] == 1
+    convs = [c for c in m.blocks[m.head_after[k]].modules() if isinstance(c, nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels) for c in convs] == [second_conv]
+    hidden_part, _ = m.head(k)
+    first_linear = next(c for c in hidden_part.modules() if isinstance(c, nn.Linear))
+    assert first_linear.in_features == head_in
+    # the earlier convs: exactly one conv block precedes it
+    before = [c for b in list(m.blocks)[: m.head_after[k]] for c in b.modules() if isinstance(c, nn.Conv2d)]
+    assert len(before) == 1
 
 
 def test_hydra_moon_trains_its_head_once_there_is_a_previous_model() -> None:
@@ -317,8 +348,9 @@ def test_hydra_moon_trains_its_head_once_there_is_a_previous_model() -> None:
     _, st = trainer.train(m, trainer.init(m), x, y, CFG, SEEDS, recovery=False)
     assert all(torch.equal(v, m.state_dict()[k]) for k, v in heads.items())  # first round: plain CE
     _, st = trainer.train(m, st, x, y, CFG, NEXT, recovery=False)
-    assert not torch.equal(heads["heads.0.0.1.weight"], m.state_dict()["heads.0.0.1.weight"])
-    assert torch.equal(heads["heads.1.0.1.weight"], m.state_dict()["heads.1.0.1.weight"])
+    # the default head (1, after the second conv block) is trained, head 0 is not
+    assert not torch.equal(heads["heads.1.0.1.weight"], m.state_dict()["heads.1.0.1.weight"])
+    assert torch.equal(heads["heads.0.0.1.weight"], m.state_dict()["heads.0.0.1.weight"])
     assert st.metrics["kd_shallow"] > 0
 
 
@@ -411,6 +443,7 @@ def test_fedntd_works_on_any_classifier() -> None:
     ("hydra", {"b": 0}, r"^b: must be > 0"),
     ("hydra", {"gamma": -0.5}, r"^gamma: must be >= 0"),
     ("hydra", {"shallow_head": -1}, r"^shallow_head: must be an integer >= 0"),
+    ("hydra", {"shallow_tau2": 1}, r"^shallow_tau2: expected true or false"),
     ("hydra", {"tau": float("inf")}, r"^tau: must be > 0"),
 ])
 def test_option_errors_name_the_field(name: str, options: dict[str, object], pattern: str) -> None:
@@ -433,7 +466,7 @@ def test_models_without_representation_or_heads_are_refused() -> None:
         make_trainer("hydra", {"shallow_head": 2}).init(_model("hydra_ntd_cnn", NTD_KW))
     # HYDRA-MOON contrasts a head's hidden representation with the projection: sizes must agree
     with pytest.raises(ConfigError, match=r"^base: .*sizes differ \(128 vs 256\).*moon_cnn"):
-        make_trainer("hydra", {"base": "moon"}).init(_wide_head_moon())
+        make_trainer("hydra", {"base": "moon", "shallow_head": 0}).init(_wide_head_moon())
     # MOON on a model with a representation but no heads is fine; the plain FedNTD CNN has one too
     make_trainer("moon").init(plain)
     make_trainer("moon").init(_model("moon_cnn", {**MOON_KW, "heads": False}))
@@ -516,7 +549,8 @@ def test_one_hydra_step_equals_the_loss_written_out(base: str) -> None:
     with torch.no_grad():
         t, p = teacher.kd_forward(x), prev.kd_forward(x)
     if base == "fedntd":
-        final, shallow = ntd_loss(out.logits, t.logits, y, 2.0), ntd_loss(out.head_logits[1], t.logits, y, 2.0)
+        # τ² on the final term only (the authors' code; shallow_tau2 off)
+        final, shallow = ntd_loss(out.logits, t.logits, y, 2.0), ntd_kl(out.head_logits[1], t.logits, y, 2.0)
     else:
         final = moon_loss(out.representation, t.representation, p.representation, 0.4)
         shallow = moon_loss(out.head_hidden[1], t.representation, p.head_hidden[1], 0.4)
@@ -543,3 +577,81 @@ def test_zero_weights_are_plain_cross_entropy() -> None:
         m = _model("hydra_ntd_cnn", NTD_KW)
         res, st = make_trainer(name, opts).train(m, TrainerState(), x, y, CFG, SEEDS, recovery=False)
         assert res == ref_res and _states_equal(m.state_dict(), ref.state_dict()) and "kd_final" not in st.metrics
+
+
+# ---- HYDRA-FedNTD's loss terms against a hand computation (Eq. 9 as the authors' code computes it) ----
+
+def _tiny_hydra(final_w: list[list[float]], head_ws: list[list[list[float]]]) -> HydraModel:
+    """A float64 HydraModel on 2 features whose logits are hand-known: identity blocks 0 and 1, a bias-free linear
+    last block ``final_w``; head i (after block i) = identity hidden layer (then ReLU: inputs are >= 0) and the
+    bias-free classifier ``head_ws[i]``."""
+    heads = [aux_head(2, 2, 3) for _ in head_ws]
+    m = HydraModel([nn.Identity(), nn.Identity(), nn.Linear(2, 3, bias=False)], (2,), 2, heads, (0, 1))
+    with torch.no_grad():
+        last = m.blocks[2]
+        assert isinstance(last, nn.Linear)
+        last.weight.copy_(torch.tensor(final_w))
+        for i, w in enumerate(head_ws):
+            hidden, classifier = m.head(i)
+            assert isinstance(hidden, nn.Sequential)
+            lin = hidden[1]
+            assert isinstance(lin, nn.Linear)
+            lin.weight.copy_(torch.eye(2))
+            lin.bias.zero_()
+            classifier.weight.copy_(torch.tensor(w))
+            classifier.bias.zero_()
+    return m.double()
+
+
+def _kl_by_hand(student: list[list[float]], teacher: list[list[float]], tau: float) -> float:
+    """batchmean KL(softmax(t/τ) ‖ softmax(s/τ)) over rows already stripped of the true class."""
+    kl = 0.0
+    for srow, trow in zip(student, teacher, strict=True):
+        ps, pt = _softmax(srow, tau), _softmax(trow, tau)
+        kl += sum(b * (math.log(b) - math.log(a)) for a, b in zip(ps, pt, strict=True))
+    return kl / len(student)
+
+
+@pytest.mark.parametrize("shallow_head", [None, 0, 1])
+@pytest.mark.parametrize("shallow_tau2", [False, True])
+def test_hydra_fedntd_loss_terms_match_a_hand_computation(shallow_head: int | None, shallow_tau2: bool) -> None:
+    x = torch.tensor([[1.0, 2.0], [0.5, 0.0]], dtype=torch.float64)
+    y = torch.tensor([0, 2])
+    # student: logits [x1, x2, x1 + x2]; head 0: [x1, x1, x1]; head 1: [x2, x1, 2·x1]
+    student = _tiny_hydra([[1, 0], [0, 1], [1, 1]], [[[1, 0], [1, 0], [1, 0]], [[0, 1], [1, 0], [2, 0]]])
+    # teacher (the received global model): logits [x2, x1, 0]; its heads take no part
+    teacher = _tiny_hydra([[0, 1], [1, 0], [0, 0]], [[[0, 0], [0, 0], [0, 0]], [[0, 0], [0, 0], [0, 0]]])
+    tau, beta, b, gamma = 2.0, 1.5, 3.0, 0.7
+    # by hand. Logits, row 1 (x = (1, 2), y = 0) and row 2 (x = (0.5, 0), y = 2):
+    #   student [1, 2, 3] and [0.5, 0, 0.5]; teacher [2, 1, 0] and [0, 0.5, 0];
+    #   head 0 [1, 1, 1] and [0.5, 0.5, 0.5]; head 1 [2, 1, 2] and [0, 0.5, 1]
+    # not-true rows (true class removed): student [2, 3], [0.5, 0]; teacher [1, 0], [0, 0.5];
+    #   head 0 [1, 1], [0.5, 0.5]; head 1 [1, 2], [0, 0.5]
+    ce = (-math.log(_softmax([1, 2, 3], 1.0)[0]) - math.log(_softmax([0.5, 0, 0.5], 1.0)[2])) / 2
+    kl_final = _kl_by_hand([[2, 3], [0.5, 0]], [[1, 0], [0, 0.5]], tau)
+    head_nt: dict[int, list[list[float]]] = {0: [[1, 1], [0.5, 0.5]], 1: [[1, 2], [0, 0.5]]}
+    k = 1 if shallow_head is None else shallow_head  # the default is head 1
+    kl_shallow = _kl_by_hand(head_nt[k], [[1, 0], [0, 0.5]], tau)
+    final_term = tau**2 * kl_final  # FedNTD's L_NTD: τ²·KL
+    shallow_term = (tau**2 if shallow_tau2 else 1.0) * kl_shallow  # the authors' code: no τ²
+    expected = ce + (beta / b) * final_term + gamma * shallow_term
+
+    opts: dict[str, object] = {"beta": beta, "b": b, "gamma": gamma, "tau": tau, "shallow_tau2": shallow_tau2}
+    if shallow_head is not None:
+        opts["shallow_head"] = shallow_head
+    cfg = HydraConfig(**opts).validate()  # type: ignore[arg-type]
+    meter = _Meter(torch.device("cpu"))
+    teacher.eval().requires_grad_(False)
+    objective = _hydra_objective(cfg)(student, teacher, None, meter)
+    loss = objective(student, x, y)
+    metrics = meter.metrics()
+    # float64 throughout: each value is a sum of < 20 terms of magnitude < 5 computed with exp/log to a few ulp
+    # (2.2e-16), so the errors are below 20 · 5 · 4 · 2.2e-16 < 1e-13
+    tol = 1e-13
+    assert metrics["kd_ce"] == pytest.approx(ce, abs=tol)
+    assert metrics["kd_final"] == pytest.approx(final_term, abs=tol)
+    assert metrics["kd_shallow"] == pytest.approx(shallow_term, abs=tol)
+    assert loss.item() == pytest.approx(expected, abs=tol)
+    # what the test tells apart: the other head, and τ² on or off, each move the loss by far more than tol
+    other = _kl_by_hand(head_nt[1 - k], [[1, 0], [0, 0.5]], tau)
+    assert abs(other - kl_shallow) > 1e-3 and abs((tau**2 - 1) * gamma * kl_shallow) > 1e-3
