@@ -1,0 +1,45 @@
+"""Docs a user can find: every relative link in README.md and docs/*.md points at a file that exists, and every
+``#anchor`` at a heading of its target (GitHub's anchor rules: lower-case, punctuation dropped, spaces to '-')."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs").glob("*/*.md"))]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def _anchor(heading: str) -> str:
+    text = re.sub(r"`", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    body = FENCE.sub("", path.read_text())
+    return {_anchor(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", body, re.M)}
+
+
+def _links(path: Path) -> list[str]:
+    body = FENCE.sub("", path.read_text())
+    return [a or b for a, b in LINK.findall(body)]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc: Path) -> None:
+    broken = []
+    for target in _links(doc):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        file_part, _, anchor = target.partition("#")
+        dest = (doc.parent / file_part).resolve() if file_part else doc
+        if not dest.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            broken.append(f"{target} (no heading #{anchor} in {dest.relative_to(ROOT)})")
+    assert not broken, f"{doc.relative_to(ROOT)}: broken links: {broken}"
