@@ -54,8 +54,8 @@ from fedcore.names import ATTACKS, DATASETS, DETECTORS, MODELS, NFL_MODES, RULES
 from fedcore.report import RoundReport  # no torch: --help stays fast
 
 COLUMNS = ("round", "selected", "accepted", "rejected", "late", "abandoned", "train_loss", "test_acc", "beta_hat",
-           "beta", "beta_b", "adapt", "nfl", "clusters", "seconds")
-_WIDTHS = (5, 8, 8, 8, 4, 9, 10, 8, 8, 7, 7, 5, 12, 8, 8)
+           "beta", "beta_b", "delta", "adapt", "nfl", "clusters", "dp_eps", "seconds")
+_WIDTHS = (5, 8, 8, 8, 4, 9, 10, 8, 8, 7, 7, 8, 5, 12, 8, 8, 8)
 LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_epochs", "rounds", "k", "trainer",
                "device", "holdouts"}
 TRAINER_CHOICES = TRAINERS  # the trainer registry's names (fedcore.names: no torch for --help)
@@ -80,14 +80,23 @@ def format_row(h: RoundReport) -> str:
     attempts of this round given up for too few updates before the one that completed; beta_hat is the round's
     median of the clients' beta_hat_i, beta the mean V_i - P_i on their full test splits, adapt the participants
     that ran their recovery, nfl the detector's state and count, clusters the number of DistFL clusters ("-"
-    without DistFL or before the first clustering)."""
+    without DistFL or before the first clustering), delta LINDT's Delta = w_div - ||noise||, dp_eps the cumulative
+    epsilon of server-side DP ("-" when not accounted; docs/privacy.md)."""
     nfl = h.nfl if h.nfl in ("off", "always") else f"{h.nfl}:{h.nfl_count}"
     if h.recovery and h.nfl == "watching":
         nfl += "+rec"  # long-term recovery carries on after a cancel
     return (f"{h.round:>5} {h.selected:>8} {h.accepted:>8} {h.rejected:>8} {h.late_total:>4} {h.attempt:>9} "
             f"{_fmt(h.mean_train_loss):>10} "
             f"{_fmt(h.mean_test_accuracy):>8} {_fmt(h.beta_hat, 3):>8} {_fmt(h.beta, 3):>7} "
-            f"{_fmt(h.beta_benign, 3):>7} {h.adapting:>5} {nfl:>12} {len(h.clusters) or '-':>8} {h.seconds:>8.3f}")
+            f"{_fmt(h.beta_benign, 3):>7} {_fmt(h.metrics.get('delta', math.nan), 3):>8} {h.adapting:>5} {nfl:>12} "
+            f"{len(h.clusters) or '-':>8} {_eps(h.dp_epsilon):>8} {h.seconds:>8.3f}")
+
+
+def _eps(v: float) -> str:
+    """epsilon in 8 columns: 3 decimals while small, scientific notation when the noise gives no real privacy."""
+    if v != v:
+        return "-"
+    return f"{v:.3f}" if v < 1000 else f"{v:.2e}"
 
 
 def attacker_indices(num_clients: int, fraction: float, seed: int) -> list[int]:

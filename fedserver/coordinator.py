@@ -159,7 +159,7 @@ class Coordinator:
             self.history[:] = restored.history
             self.dispatch.invalidate()
             if self.dp.stop_required and self.state.phase != rm.FINISHED:  # the privacy budget is spent
-                self.state.phase, self.state.outcome = rm.FINISHED, DP_BUDGET
+                self.state.phase, self.state.outcome, self.state.round = rm.FINISHED, DP_BUDGET, self.resumed_from
         self.log.info("federation.started", federation_id=self.config.server.federation_id,
                       model=self.config.model.name, params=self.models.num_params, fingerprint=self.fingerprint,
                       rounds=self.config.rounds.num_rounds, k=self.config.rounds.clients_per_round,
