@@ -4,14 +4,16 @@
     python tools/kd_experiment.py run --scenario moon [--arms moon hydra_moon]
     python tools/kd_experiment.py run --scenario rules            # the attacks against trimmed mean / median / Krum
     python tools/kd_experiment.py summarize runs/kd_exp --md docs/results/hydra_acceptance.md
+    python tools/kd_experiment.py summarize docs/results/hydra_acceptance --only ntd-   # from the kept round files
 
 ``run`` launches, per arm and attack setting, one federation with ``fedguard-launch --config <scenario config>``
 (a real fedserver and virtual fedclient processes on loopback, plaintext because the attack arms use the
 full-knowledge test harness) in ``OUT/<scenario>-<arm>-<attack>-s<seed>/``:
 
 - ``ntd`` (``configs/hydra_mnist_ntd.toml``, HYDRA-FL Table 1): 100 clients, 10 per round, Dirichlet(0.1) MNIST,
-  trimmed mean; arms ``fedavg`` (vanilla), ``fedntd`` (τ = 1, β = 1), ``hydra`` (FedNTD base, b = 1, γ = 2); the
-  attack is Dyn-Opt from 20% of the clients.
+  trimmed mean; arms ``fedavg`` (vanilla), ``fedntd`` (τ = 1, β = 1), ``hydra`` (FedNTD base, b = 1, γ = 2, the
+  trainer's default shallow head: after the second conv block, as the authors' code); the attack is Dyn-Opt from
+  20% of the clients.
 - ``moon`` (``configs/hydra_mnist_moon.toml``, HYDRA-FL Table 2): 10 clients, all per round; arms ``fedavg``,
   ``moon`` (μ = 1), ``hydra_moon`` (MOON base); the attack is Stat-Opt from 20% of the clients.
 - ``rules``: FedAvg on the ntd setting with the small ``mnist_cnn`` under no attack, Stat-Opt and Dyn-Opt against
@@ -21,7 +23,9 @@ full-knowledge test harness) in ``OUT/<scenario>-<arm>-<attack>-s<seed>/``:
 
 A run stopped at ``--timeout`` keeps its completed rounds and resumes from them when the command is run again.
 ``summarize`` prints per run the global model's accuracy on the pooled test splits (``central``), at the last
-round and averaged over the last 5 rounds, the accuracy drop under attack, and the harness's crafted rows.
+round and averaged over the last 5 rounds, the accuracy drop under attack, and the harness's crafted rows. Its
+directory holds run directories (``<run>/rounds.jsonl``) or kept round files (``<run>.rounds.jsonl``, as in
+``docs/results/hydra_acceptance/``); ``--only`` keeps the runs whose name contains one of its strings.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ RULES = {"trimmed_mean": [*RULES_BASE, "aggregation.rule=\"trimmed_mean\"", "agg
 ATTACKERS = 0.2
 # HYDRA-FL's MNIST figures (no attack, attack), Table 1 (FedNTD setting, Dyn-Opt) and Table 2 (MOON setting,
 # Stat-Opt), beside ours in the summary.
+# ``ntd-hydra_s2``: the hydra arm's runs with the head after the second conv block (issue 28), kept under that name.
 PAPER = {"ntd-fedavg": (92.12, 74.48), "ntd-fedntd": (93.03, 58.09), "ntd-hydra": (92.69, 76.67),
+         "ntd-hydra_s2": (92.69, 76.67),
          "moon-fedavg": (88.02, 77.55), "moon-moon": (91.13, 72.32), "moon-hydra_moon": (92.04, 76.65)}
 
 
@@ -118,21 +124,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+ROUND_FILE = ".rounds.jsonl"
+
+
+def _runs(root: Path, only: list[str] | None = None) -> list[tuple[str, Path, bool]]:
+    """(name, rounds source, finished) of every run under ``root``, sorted by name: run directories (finished as
+    :func:`tools.runs.finished` says) and kept round files ``<name>.rounds.jsonl`` (counted as finished: only
+    completed runs' files are kept). ``only``: names containing one of these strings."""
+    found: list[tuple[str, Path, bool]] = []
+    for p in sorted(root.iterdir()):
+        if p.is_dir():
+            found.append((p.name, p, finished(p)))
+        elif p.is_file() and p.name.endswith(ROUND_FILE):
+            found.append((p.name.removesuffix(ROUND_FILE), p, True))
+    found.sort(key=lambda t: t[0])
+    return [t for t in found if not only or any(o in t[0] for o in only)]
+
+
 def summarize(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     lines = ["| run | rounds | central acc (last) | central acc (last 5) | attackers/round | crafted/round | "
              "Dyn-Opt gamma | s/round |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     accs: dict[str, float] = {}
-    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        rows = [r for r in read_rows(run_dir) if r.get("outcome")]
+    for name, source, done_run in _runs(root, args.only):
+        rows = [r for r in read_rows(source) if r.get("outcome")]
         if not rows:
             continue
         central = [float(r.get("central_accuracy", float("nan"))) for r in rows]
         last5 = finite_mean(central[-5:])
-        accs[run_dir.name] = last5
-        done = "" if finished(run_dir) else " (stopped)"
+        accs[name] = last5
+        done = "" if done_run else " (stopped)"
         lines.append(
-            f"| {run_dir.name}{done} | {len(rows)} | {fmt(central[-1])} | {fmt(last5)} | "
+            f"| {name}{done} | {len(rows)} | {fmt(central[-1])} | {fmt(last5)} | "
             f"{fmt(finite_mean([float(r.get('attackers', 0)) for r in rows]), 1)} | "
             f"{fmt(finite_mean([r['metrics'].get('harness_crafted', float('nan')) for r in rows]), 1)} | "
             f"{fmt(finite_mean([r['metrics'].get('harness_gamma', float('nan')) for r in rows]), 2)} | "
@@ -155,12 +178,12 @@ def summarize(args: argparse.Namespace) -> int:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
         Path(args.md).write_text(text)
     if args.plot:
-        _plot(root, Path(args.plot))
+        _plot(root, Path(args.plot), args.only)
         print(f"plot: {args.plot}")
     return 0
 
 
-def _plot(root: Path, out: Path) -> None:
+def _plot(root: Path, out: Path, only: list[str] | None = None) -> None:
     """Central accuracy per round, one panel per scenario and seed; an arm's attacked runs dashed in its colour."""
     try:
         import matplotlib
@@ -170,11 +193,11 @@ def _plot(root: Path, out: Path) -> None:
     except ImportError:
         raise SystemExit("--plot needs matplotlib: pip install 'fedguard[plot]'") from None
     panels: dict[str, list[tuple[str, list[float]]]] = {}
-    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        rows = [r for r in read_rows(run_dir) if r.get("outcome")]
+    for name, source, _ in _runs(root, only):
+        rows = [r for r in read_rows(source) if r.get("outcome")]
         if not rows:
             continue
-        scenario, _, rest = run_dir.name.partition("-")
+        scenario, _, rest = name.partition("-")
         label, _, seed = rest.rpartition("-")
         panels.setdefault(f"{scenario} {seed}", []).append(
             (label, [float(r.get("central_accuracy", float("nan"))) for r in rows]))
@@ -220,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("dir")
     s.add_argument("--md", help="also write the tables to this Markdown file")
     s.add_argument("--plot", help="also draw central accuracy per round to this PNG (needs matplotlib)")
+    s.add_argument("--only", nargs="+", help="summarize only the runs whose name contains one of these")
     args = ap.parse_args(argv)
     try:
         return run(args) if args.cmd == "run" else summarize(args)

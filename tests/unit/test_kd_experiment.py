@@ -51,3 +51,19 @@ def test_a_dyn_opt_direction_other_than_std_names_its_runs_and_sets_the_option()
     assert "moon-moon-stat_opt" in moon and "--attack-set" not in moon["moon-moon-stat_opt"]
     rules = dict(plan("rules", ["fedavg"], "unit"))
     assert "rules-krum-dyn_opt_unit" in rules and "rules-trimmed_mean-dyn_opt_partial_unit" in rules
+
+
+def test_summarize_reads_kept_round_files_and_only_filters(tmp_path: Path) -> None:
+    """docs/results/hydra_acceptance/ keeps <run>.rounds.jsonl files: summarize reads them as finished runs."""
+    for name, acc in (("ntd-hydra_s2-none-s1", 0.8), ("ntd-hydra_s2-dyn_opt_unit-s1", 0.5), ("moon-moon-none-s0", 0.7)):
+        rows = [{"round": r, "outcome": "quorum", "central_accuracy": acc if r > 1 else 0.0, "attackers": 0,
+                 "seconds": 1.0, "metrics": {}} for r in range(1, 7)]
+        (tmp_path / f"{name}.rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "notes.txt").write_text("not a run")
+    md = tmp_path / "out.md"
+    assert main(["summarize", str(tmp_path), "--only", "ntd-", "--md", str(md)]) == 0
+    text = md.read_text()
+    # the last 5 rounds (round 1's 0.0 left out); the drop; the paper's figure for the S2 arm; no "(stopped)"
+    assert "| ntd-hydra_s2-dyn_opt_unit (s1) | 0.800 | 0.500 | 0.300 | 92.69 -> 76.67 |" in text
+    assert "| ntd-hydra_s2-none-s1 | 6 | 0.800 | 0.800 |" in text
+    assert "moon-moon" not in text and "stopped" not in text
