@@ -11,12 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fedclient.client import Backoff, ClientSummary, FedClient, FedClientError
+    from fedclient.embed import ModelNotReady, ServedModel
+    from fedcore.client_state import ClientNflState, ClientRoundReport
     from fedcore.config import ClientConfig
+    from fedcore.data import ClientData
+    from fedcore.data.source import DataSource
 
 _EXPORTS = {"Backoff": "fedclient.client", "ClientSummary": "fedclient.client", "FedClient": "fedclient.client",
-            "FedClientError": "fedclient.client", "ClientConfig": "fedcore.config"}
+            "FedClientError": "fedclient.client", "ClientConfig": "fedcore.config",
+            "ModelNotReady": "fedclient.embed", "ServedModel": "fedclient.embed",
+            "ClientNflState": "fedcore.client_state", "ClientRoundReport": "fedcore.client_state",
+            "ClientData": "fedcore.data", "DataSource": "fedcore.data.source"}
 
-__all__ = ["Backoff", "ClientConfig", "ClientSummary", "FedClient", "FedClientError"]
+__all__ = ["Backoff", "ClientConfig", "ClientData", "ClientNflState", "ClientRoundReport", "ClientSummary",
+           "DataSource", "FedClient", "FedClientError", "ModelNotReady", "ServedModel"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,9 @@
 """FedClient: joins a federation, long-polls for tasks, trains locally and pushes updates.
 
 Embeddable: ``FedClient(...).run()`` blocks until the federation finishes; ``start()`` runs it in a
-background thread and ``stop()`` ends it cleanly (the in-flight call is cancelled, the client leaves).
+background thread and ``stop()`` ends it cleanly (the in-flight call is cancelled, the client leaves);
+``await client.run_async()`` is the asyncio form. The app-facing API (the model to predict with, the NFL state,
+callbacks, the ``can_train`` eligibility check) is :class:`fedclient.embed.EmbeddingApi` (docs/embedding.md).
 It reconnects with exponential backoff and full jitter, and re-joins when the server forgot its session
 (for example after a restart).
 """
@@ -26,12 +28,22 @@ import grpc
 import torch
 from torch import nn
 
+from fedclient.embed import (
+    Callbacks,
+    EmbeddingApi,
+    ModelCallback,
+    Published,
+    RoundEndCallback,
+    StateChangeCallback,
+)
 from fedclient.local_round import LocalRound, LocalRoundError
 from fedclient.simulation import DeviceGone, DeviceSimulation
 from fedclient.transport import Refused, Transport, classify_unauthenticated, classify_unavailable
 from fedcore.attacks import AttackError, backdoor_batches, poison_client_data
+from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, ConfigError, FederationInfo, secret_token
-from fedcore.data import ClientData, load_client_data
+from fedcore.data import ClientData, DataError, load_client_data
+from fedcore.data.source import DataSource
 from fedcore.identity import shorten
 from fedcore.log import get_logger
 from fedcore.metrics import load_private_model, save_private_model, train_private_model
@@ -130,23 +142,36 @@ class Backoff:
 ModelSpec = str | Callable[[], nn.Module] | nn.Module | None
 
 
-class FedClient:
+class FedClient(EmbeddingApi):
     """A federated-learning device client.
 
     ``model``: a registered name, a factory, a module, or None to build what the server announces.
-    ``data``: the client's :class:`ClientData`, or None to derive its shard from the server's dataset
-    (simulation: the shard index is ``config.data_index`` or, if negative, the index the server assigns).
+    ``data``: the client's :class:`ClientData` (tensors), a :class:`fedcore.data.source.DataSource` (tensors, a
+    ``Dataset`` or a data-loader factory, read once when the client starts), or None to derive its shard from the
+    server's dataset (simulation: the shard index is ``config.data_index`` or, if negative, the index the server
+    assigns). ``can_train``: the app's eligibility check, consulted before each task (False: the client declines
+    it, the server counts it unavailable). ``on_round_end``/``on_model``/``on_state_change``: callbacks
+    (:class:`fedclient.embed.EmbeddingApi`, which also registers more later).
     """
 
     def __init__(self, config: ClientConfig | None = None, model: ModelSpec = None,
-                 data: ClientData | None = None, **overrides: Any) -> None:
+                 data: ClientData | DataSource | None = None, *, can_train: Callable[[], bool] | None = None,
+                 on_round_end: RoundEndCallback | None = None, on_model: ModelCallback | None = None,
+                 on_state_change: StateChangeCallback | None = None, **overrides: Any) -> None:
         cfg = config or ClientConfig()
         if overrides:
             cfg = ClientConfig(**{**cfg.__dict__, **overrides})
         self.config = cfg.validate()
-        self.log = get_logger("fedclient")
+        self.log = get_logger("fedclient", self.config.log_level)
         self._model_spec = model
-        self.data = data
+        self._data_source = data if isinstance(data, DataSource) else None
+        self.data = data if isinstance(data, ClientData) else None
+        if data is not None and self.data is None and self._data_source is None:
+            raise FedClientError(f"data: expected ClientData, a DataSource or None, got {type(data).__name__}")
+        if can_train is not None and not callable(can_train):
+            raise FedClientError(f"can_train: expected a callable returning bool, got {type(can_train).__name__}")
+        self.can_train = can_train
+        self._ineligible_since = None
         self.model: nn.Module | None = None
         self.device = torch.device("cpu")  # resolved from config.device when the client runs
         self.client_id = self._resolve_client_id()
@@ -173,6 +198,12 @@ class FedClient:
         self.local = LocalRound(self.config, self.client_id, self.log)
         # Simulated device behaviour (stragglers, dropouts, crashes, availability); inert by default.
         self.sim = DeviceSimulation(self.config.simulation, self.client_id, self.log)
+        # What the app sees (thread-safe) and its callbacks (fedclient.embed).
+        self.published = Published(self.local, self.config.opt_out)
+        self.callbacks = Callbacks(self.log, self.client_id)
+        self.callbacks.add("round_end", on_round_end)
+        self.callbacks.add("model", on_model)
+        self.callbacks.add("state_change", on_state_change)
 
     # ---- identity ----
 
@@ -205,6 +236,12 @@ class FedClient:
             raise FedClientError(str(e)) from None
         except Refused as e:  # checked locally before connecting (this client's own certificate)
             raise FedClientRefused(e) from None
+        if self.data is None and self._data_source is not None:
+            try:
+                self.data = self._data_source.load()
+            except DataError as e:
+                self._transport.close()
+                raise FedClientError(str(e)) from None
         self.sim.start()
         try:
             self.sim.wait_online(self._sleep)
@@ -244,6 +281,12 @@ class FedClient:
                 self._inflight.cancel()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def __enter__(self) -> FedClient:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def join(self, timeout: float | None = None) -> ClientSummary:
         if self._thread is not None:
@@ -364,6 +407,7 @@ class FedClient:
                     with GLOBAL_RNG_LOCK:
                         self.model = self._model_factory(fed)()
                 self.model.to(self.device)
+                self.published.set_template(self.model)
             dataset, data_options = announced_data(fed, self.config.dataset, self.config.data_options)
             if not self.config.trainer:
                 self.local.use_method(*announced_trainer(fed))
@@ -440,7 +484,16 @@ class FedClient:
             self._check_stop()
             self.sim.wait_online(self._sleep)
             try:
+                if not self._eligible_now():
+                    if self._decline():
+                        return
+                    continue
                 task = self._retrying("pull", self._pull)
+                if not isinstance(task, pb.Wait) and not self._eligible_now():
+                    # The device stopped being eligible while the task was on its way: not trained.
+                    if self._decline(int(task[0].round)):
+                        return
+                    continue
             except _SessionLost:
                 self.log.info("client.rejoining", client_id=self.client_id, reason="session unknown to server")
                 self._join_with_retry()
@@ -459,6 +512,48 @@ class FedClient:
                 self._work(header, state)
             except _SessionLost:
                 self._join_with_retry()
+
+    def _eligible_now(self) -> bool:
+        ok = self._eligible()
+        if ok and self._ineligible_since is not None:
+            self.log.info("client.eligible", client_id=self.client_id,
+                          after_s=round(time.monotonic() - self._ineligible_since, 1))
+            self._ineligible_since = None
+        elif not ok and self._ineligible_since is None:
+            self.log.info("client.ineligible", client_id=self.client_id, reason="can_train() said no: declining work")
+            self._ineligible_since = time.monotonic()
+        return ok
+
+    def _decline(self, round_: int = 0) -> bool:
+        """Tell the server the device declines work now (``PullTaskRequest.declined``; ``round_``: the task it got
+        and does not train), then wait a heartbeat interval before asking ``can_train()`` again. True when the
+        federation has finished."""
+
+        def do_decline() -> pb.TaskMessage:
+            assert self._transport is not None
+            call = self._transport.pull(pb.PullTaskRequest(session_id=self._session, max_wait_s=0.0, declined=True),
+                                        timeout=30.0)
+            with self._call_lock:
+                self._inflight = call
+            try:
+                first: pb.TaskMessage = next(iter(call))
+                call.cancel()  # a server that predates ``declined`` may stream a task: not wanted
+                return first
+            finally:
+                with self._call_lock:
+                    self._inflight = None
+
+        if round_:
+            self.log.info("task.declined", client_id=self.client_id, round=round_)
+        first = self._retrying("decline", do_decline)
+        if first.WhichOneof("kind") == "wait" and first.wait.finished:
+            self.summary.finished = True
+            self.log.info("client.finished", client_id=self.client_id, reason=first.wait.reason,
+                          rounds_trained=self.summary.rounds_trained)
+            return True
+        hint = first.wait.retry_after_s if first.WhichOneof("kind") == "wait" else 0.0
+        self._sleep(min(hint, self._heartbeat_s) if hint > 0 else self._heartbeat_s)
+        return False
 
     def _pull(self) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
         assert self._transport is not None
@@ -497,10 +592,12 @@ class FedClient:
         started = time.monotonic()
         with self._heartbeating():
             try:
+                self._task_received(round_, state, bool(header.recovery), self._fed)
                 out = self.local.run(self.model, self.data, self._train_data or self.data, self._fed, round_,
                                      bool(header.recovery), header.learning_rate or None, self.private_accuracy)
             except LocalRoundError as e:
                 raise FedClientError(str(e)) from None
+            self._trained(out.metrics.get("beta_hat_measured"))
             if fate.delay_s and fate.outcome != CRASH:
                 self._sleep(fate.delay_s)
         if fate.outcome == CRASH:
@@ -514,7 +611,9 @@ class FedClient:
         self.summary.rounds_trained += 1
         self.summary.last_round = round_
         self.summary.history.append({"round": float(round_), **metrics, "train_loss": out.train_loss})
-        self._push(round_, out.train_loss, out.beta_hat, metrics)
+        accepted = self._push(round_, out.train_loss, out.beta_hat, metrics)
+        self._reported(ClientRoundReport.of(round_, self.data.num_train, out.train_loss, out.beta_hat, metrics,
+                                            accepted))
 
     def _drop_out(self, round_: int) -> None:
         """Simulated dropout: keep the task, never answer, stay silent, then come back (or vanish)."""
@@ -555,7 +654,7 @@ class FedClient:
         finally:
             done.set()
 
-    def _push(self, round_: int, train_loss: float, beta_hat: float | None, metrics: dict[str, float]) -> None:
+    def _push(self, round_: int, train_loss: float, beta_hat: float | None, metrics: dict[str, float]) -> bool:
         assert self.model is not None and self._transport is not None and self.data is not None
         manifest, payload = pack(self.model.state_dict())
         chunk_bytes = (self._fed.chunk_bytes if self._fed is not None else 0) or DEFAULT_CHUNK_BYTES
@@ -576,10 +675,12 @@ class FedClient:
                           test_accuracy=round(metrics.get("test_accuracy", math.nan), 4),
                           beta_hat=None if beta_hat is None else round(beta_hat, 4),
                           adapting=bool(metrics.get("adapting", 0.0)))
+            return True
         except grpc.RpcError as e:
             self.summary.updates_rejected += 1
             self.log.warning("update.refused", client_id=self.client_id, round=round_, code=str(e.code()),
                              reason=e.details())
+            return False
 
 
 def _first_difference(mine: list[Any], theirs: list[Any]) -> str:

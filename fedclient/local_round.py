@@ -3,7 +3,9 @@
 :class:`LocalRound` is what :class:`fedclient.client.FedClient` calls with each task; it owns no gRPC. Per round:
 
 1. the received model w^{r-1} is in ``model``; the model the client *infers with* is vᵢ (the trainer's adapted
-   model, :meth:`Trainer.inference_state`) when it has one and is not an opt-out holdout, else w^{r-1};
+   model, :meth:`Trainer.inference_state`) when it has one and is not an opt-out holdout -- after its recovery
+   stopped only with ``infer_after_recovery = "adapted"`` (the default; :func:`fedcore.client_state.infers_adapted`)
+   -- else w^{r-1};
 2. on that inference model: ``test_accuracy``/``test_loss`` on the whole local test split (Vᵢ, so the server's
    βᵢ = Vᵢ − Pᵢ is the gain of what the client actually uses) and FL-GUARD's β̂ᵢ = EV(model, b_iʳ) − Pᵢ (Eq. 3)
    on the round's first training batch b_iʳ (the clean data, the batch seed of the round);
@@ -14,7 +16,9 @@
 5. the update hook (:data:`UpdateHook`, default :func:`fedcore.attacks.poison_update` with the client's attack)
    sees the received and the trained weights and may replace what is sent: a model-poisoning attacker's crafted
    update (model replacement, Stat-Opt, Dyn-Opt with partial knowledge); ``None`` sends the trained model;
-6. trainer state and individual counters are saved in the state dir (kept in memory without one).
+6. trainer state and individual counters are saved in the state dir (kept in memory without one);
+7. :attr:`LocalRound.view` is the round's :class:`InferenceView` (what an embedding app is served:
+   :meth:`personal_module` builds vᵢ's module from it).
 
 The β̂ᵢ sent is the measured one, unless the client plays the fabricated-β̂ attacker (``attack.fake_beta_hat``).
 """
@@ -34,6 +38,7 @@ from torch import nn
 
 from fedcore.attacks import PoisonedUpdate, UpdateContext, attacker_local_epochs, backdoor_batches, poison_update
 from fedcore.attacks.model_poisoning import flat_update
+from fedcore.client_state import infers_adapted
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.data import ClientData
 from fedcore.nfl import DETECT_AND_RECOVER
@@ -61,6 +66,23 @@ class LocalRoundError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class InferenceView:
+    """What the client infers with at one moment, as references to tensors nobody modifies afterwards:
+    ``received`` the global (or cluster) model of the round, ``tstate`` the trainer state (vᵢ; None before the
+    client's first round), ``recovering`` whether the client runs its recovery method, ``serving_adapted`` whether
+    it infers with vᵢ (:func:`fedcore.client_state.infers_adapted`), ``own_decision`` whether it recovers by its
+    own individual-level measure."""
+
+    round: int
+    received: dict[str, torch.Tensor]
+    tstate: TrainerState | None
+    server_recovery: bool
+    recovering: bool
+    own_decision: bool
+    serving_adapted: bool
+
+
+@dataclass(frozen=True)
 class RoundOutcome:
     train_loss: float
     # The β̂ᵢ to send (None when the client has no private accuracy Pᵢ).
@@ -79,6 +101,8 @@ class LocalRound:
         self._tstate: TrainerState | None = None
         self._individual: ind.IndividualState | None = None
         self._inference_model: nn.Module | None = None
+        # The last round's inference view (set at the end of :meth:`run`); None before the first round.
+        self.view: InferenceView | None = None
 
     @property
     def trainer(self) -> Trainer:
@@ -117,6 +141,35 @@ class LocalRound:
     def adapting_on_its_own(self) -> bool:
         return self._individual is not None and self._individual.adapting
 
+    @property
+    def trainer_state(self) -> TrainerState | None:
+        """The trainer state after the last round (None before the first one, unless loaded)."""
+        return self._tstate
+
+    def recovering(self, fed: FederationInfo, recovery_flag: bool) -> tuple[bool, bool]:
+        """(whether the client runs its recovery method given the task's flag and its individual state as it
+        stands, whether its individual-level measure says so); never for an opt-out client or with NFL off."""
+        own = fed.nfl_mode == DETECT_AND_RECOVER and fed.nfl_c >= 1 and self._individual_state().adapting
+        return (recovery_flag or own) and not self.config.opt_out and fed.nfl_mode != "off", own
+
+    def serves_adapted(self, has_adapted: bool, recovering: bool) -> bool:
+        return infers_adapted(has_adapted, recovering, self.config.opt_out, self.config.infer_after_recovery)
+
+    def personal_module(self, tstate: TrainerState, received_model: nn.Module, received: dict[str, torch.Tensor],
+                        scratch: nn.Module | None = None) -> nn.Module | None:
+        """The module the client infers with when it uses its personal model (vᵢ, LINDT's dual model), built from
+        ``tstate`` and the round's received model (``received_model`` holds ``received``; it is not modified);
+        None when the trainer has no personal model yet. ``scratch``: a module of the architecture to load vᵢ
+        into (else a copy of ``received_model``)."""
+        if self.trainer.inference_module is not None:
+            return self.trainer.inference_module(tstate, received_model)
+        adapted = self.trainer.inference_state(tstate, received)
+        if adapted is None:
+            return None
+        target = scratch if scratch is not None else copy.deepcopy(received_model)
+        target.load_state_dict(adapted)
+        return target
+
     # ---- the round ----
 
     def run(self, model: nn.Module, data: ClientData, train_data: ClientData, fed: FederationInfo, round_: int,
@@ -130,17 +183,12 @@ class LocalRound:
         before = {k: v.detach().clone() for k, v in received.items()}  # the hook's w^{r-1} (training changes model)
         infer = model
         personal = False
-        if not cfg.opt_out and self.trainer.inference_module is not None:
-            module = self.trainer.inference_module(tstate, model)
+        if self.serves_adapted(tstate.adapted is not None, self.recovering(fed, recovery_flag)[0]):
+            if self.trainer.inference_module is None and self._inference_model is None:
+                self._inference_model = copy.deepcopy(model)
+            module = self.personal_module(tstate, model, received, self._inference_model)
             if module is not None:
                 infer, personal = module, True
-        elif not cfg.opt_out:
-            adapted = self.trainer.inference_state(tstate, received)
-            if adapted is not None:
-                if self._inference_model is None:
-                    self._inference_model = copy.deepcopy(model)
-                self._inference_model.load_state_dict(adapted)
-                infer, personal = self._inference_model, True
         ev = evaluate(infer, data.x_test, data.y_test)
         metrics = {"test_accuracy": ev.accuracy, "test_loss": ev.loss, "infers_adapted": float(personal)}
         seeds = round_seeds(fed.seed, self.client_id, round_)
@@ -169,6 +217,9 @@ class LocalRound:
         metrics.update(tstate.metrics if recovery else {})
         if cfg.state_dir:
             save_trainer_state(cfg.state_dir, tstate)
+        # Every trainer's personal model is ``tstate.adapted`` (None until its recovery first ran).
+        self.view = InferenceView(round_, before, tstate, recovery_flag, recovery, own,
+                                  self.serves_adapted(tstate.adapted is not None, recovery))
         sent = attack.fake_beta_hat if attack.fabricates_beta_hat else measured
         return RoundOutcome(res.loss, sent, {k: float(v) for k, v in metrics.items() if math.isfinite(v)})
 

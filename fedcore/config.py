@@ -45,21 +45,30 @@ class ConfigError(ValueError):
 class ModelConfig:
     # A registered name ("mlp") or a factory import path ("mypkg.models:make_net").
     name: str = "mlp"
+    # The factory's keyword arguments (e.g. {hidden = [64]} for mlp); announced to the clients.
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class DataConfig:
+    # A registered dataset (fedcore.data.available_datasets(); "synthetic" is built in and needs no files).
     dataset: str = "synthetic"
+    # The dataset's and its partition's options (e.g. num_clients, partition = "noniid-mixed"), announced to the
+    # clients; an announcement never sets a client's paths or downloads.
     options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class TrainingConfig:
+    # Local epochs per round on each client.
     local_epochs: int = 1
+    # Local mini-batch size.
     batch_size: int = 10
+    # Local SGD learning rate of round 1 (see lr_decay).
     learning_rate: float = 0.05
+    # SGD momentum.
     momentum: float = 0.0
+    # SGD weight decay (L2 penalty).
     weight_decay: float = 0.0
     # Multiply the learning rate by this factor every round (FL-GUARD/LINDT use 0.992).
     lr_decay: float = 1.0
@@ -71,6 +80,7 @@ class TrainingConfig:
 
 @dataclass
 class RoundsConfig:
+    # Rounds to run; the federation finishes after the last (a restart with a larger value carries on).
     num_rounds: int = 10
     # K: updates that close a round.
     clients_per_round: int = 10
@@ -85,9 +95,12 @@ class RoundsConfig:
     # it once), a round also starts when every live client is available and there are at least min_updates:
     # a lost device is not waited for.
     min_available: int = 0
+    # A round's deadline in seconds from its start: it then aggregates with at least min_updates updates, or is
+    # re-run.
     round_timeout_s: float = 60.0
     # How long to wait for enough available clients before giving up on the federation (exit status 3).
     sampling_timeout_s: float = 300.0
+    # Seed of every server draw (selection by seed, round and attempt; DP noise; the initial model).
     seed: int = 0
 
     @property
@@ -105,13 +118,18 @@ class RoundsConfig:
 
 @dataclass
 class ServerSection:
+    # host:port the server listens on; port 0 picks a free one.
     address: str = "127.0.0.1:8470"
+    # The federation's name, announced to the clients at join and shown by GetStatus.
     federation_id: str = "fedguard"
     # Shared join secret; empty accepts any client. Never written to the run dir or printed (redacted); prefer
     # token_file (or FEDGUARD_TOKEN) so the secret is not on a command line either.
     token: str = ""
     token_file: str = ""
+    # The run directory: state/ (snapshots), rounds.jsonl, config.json, final_model.fgt, final_model.safetensors
+    # and its final_model.json sidecar (docs/outputs.md), server.lock.
     run_dir: str = "runs/latest"
+    # Tensor chunk size on the wire, both ways (sent to the clients at join).
     chunk_bytes: int = 1 << 20
     # gRPC per-message ceiling (each chunk is one message).
     max_message_bytes: int = 8 << 20
@@ -124,6 +142,7 @@ class ServerSection:
     max_buffered_bytes: int = 4 << 30
     # Longest server-side wait of a PullTask long-poll.
     long_poll_s: float = 20.0
+    # Clients heartbeat this often while training.
     heartbeat_interval_s: float = 5.0
     # A client silent for this long is dropped from the available pool until it re-joins.
     heartbeat_patience_s: float = 30.0
@@ -131,7 +150,9 @@ class ServerSection:
     # and a selected client that does not come for its task within this long is not waited for (0: off): ids
     # that joined, polled once and fell silent do not stall rounds (fedcore.rounds.Limits).
     poll_grace_s: float = 3.0
+    # Log lines as JSON objects (--log-json) instead of the console renderer.
     log_json: bool = False
+    # "debug", "info", "warning" or "error".
     log_level: str = "info"
 
 
@@ -167,7 +188,9 @@ class RecoveryConfig:
     ``ditto``, ``apfl``, ``ft``, ``fb``: the personalization baselines; ``vanilla``: none. A client that names its
     own ``trainer`` uses that instead."""
 
+    # The recovery trainer by registered name (see above).
     method: str = "flguard"
+    # The method's options (e.g. {l_fb = 2}: flguard's partial-layer adaptation).
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -177,7 +200,7 @@ class SecurityConfig:
 
     # Plaintext gRPC, only with this explicit opt-in (--insecure); a warning is logged at every start.
     insecure: bool = False
-    # PEM server certificate (chain) and private key: TLS.
+    # PEM server certificate (chain) tls_cert and its private key tls_key: TLS.
     tls_cert: str = ""
     tls_key: str = ""
     # PEM CA certificate(s): clients must present a certificate it signed (mutual TLS); the client id is then
@@ -196,8 +219,9 @@ class SecurityConfig:
     # Certificate revocation list (PEM or DER, fedguard-certs revoke): a client certificate it lists is refused
     # at its next call; the file is re-read when it changes.
     crl: str = ""
-    # Joins admitted per second per credential (the join token, or the certificate/key identity) and per peer
-    # address (token buckets holding two seconds' worth), and the sessions one credential may hold at once.
+    # Joins admitted per second per credential (the join token, or the certificate/key identity;
+    # join_rate_per_credential) and per peer address (join_rate_per_peer; token buckets holding two seconds'
+    # worth), and the sessions one credential may hold at once (max_sessions_per_credential).
     # The defaults let a 10,000-client fleet join within a minute through one token.
     join_rate_per_credential: float = 500.0
     join_rate_per_peer: float = 500.0
@@ -259,9 +283,11 @@ class FederationInfo:
 
 @dataclass
 class ClientConfig:
+    # The server's host:port.
     server: str = "127.0.0.1:8470"
     # Stable identity; empty derives one from the state dir or a random id.
     client_id: str = ""
+    # The join secret (the server's server.token); prefer token_file or FEDGUARD_TOKEN (not on a command line).
     token: str = ""
     # A file holding the join secret (or set FEDGUARD_TOKEN): keeps it off the command line.
     token_file: str = ""
@@ -294,6 +320,11 @@ class ClientConfig:
     trainer_options: dict[str, Any] = field(default_factory=dict)
     # A vanilla holdout (FL-GUARD §4.4): never adapts, infers with the received model, still reports beta_hat_i.
     opt_out: bool = False
+    # Which model the client infers with (serves, and measures beta_hat_i on) once its recovery has stopped (the
+    # server cancelled its report under short-term recovery, or its own stop rule fired): "adapted" keeps v_i
+    # (FL-GUARD §5.1, SPEC §6-7; the default), "global" goes back to the received global model. While recovering
+    # it is always v_i; an opt-out holdout always infers with the global model (docs/embedding.md).
+    infer_after_recovery: str = "adapted"
     # Simulation only: stragglers, dropouts, crashes, availability windows (fedcore.simulation).
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     # The client's own data: a registered dataset name (then the server's dataset and options are not used) ...
@@ -310,11 +341,15 @@ class ClientConfig:
     private_epochs: int = 0
     # Simulation only: play a data-poisoning attacker.
     attack: AttackConfig = field(default_factory=AttackConfig)
+    # Torch intra-op threads; 0 keeps torch's default in an embedded FedClient (the fedclient command line makes it
+    # max(1, cores // fedclient processes on this machine)).
     torch_threads: int = 0
     # Where local training, evaluation and the private model run: "cpu", "cuda", "cuda:N" or "auto" (the
     # first GPU when torch sees one, else the CPU). Updates always travel as CPU tensors.
     device: str = "cpu"
+    # Log lines as JSON objects (--log-json) instead of the console renderer.
     log_json: bool = False
+    # "debug", "info", "warning" or "error".
     log_level: str = "info"
 
     def validate(self) -> ClientConfig:
@@ -547,6 +582,8 @@ def validate_client_config(c: ClientConfig) -> None:
         message = str(e).partition(": ")[2]
         raise ConfigError("trainer_options" if e.field == "trainer" else f"trainer_options.{e.field}",
                           message) from None
+    _check(c.infer_after_recovery in ("adapted", "global"), "infer_after_recovery",
+           f"one of 'adapted', 'global', got {c.infer_after_recovery!r}")
     _check(c.max_model_bytes > 0, "max_model_bytes", f"must be > 0, got {c.max_model_bytes}")
     _check_token(c.token, c.token_file, "token")
     _check(not (c.insecure and (c.ca_cert or c.cert or c.key)), "insecure",

@@ -47,6 +47,9 @@ class RoundState:
     selected: list[str] = field(default_factory=list)
     accepted: list[str] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)
+    # Selected clients that declined the round (their app said the device cannot train now: :class:`Declined`):
+    # not waited for, not counted as failed.
+    declined: list[str] = field(default_factory=list)
     # Every rejection while this round was current, solicited or not.
     rejected_in_round: int = 0
     rejected_total: int = 0
@@ -63,6 +66,7 @@ class RoundState:
         every round must not cost tens of milliseconds."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["selected"], d["accepted"], d["rejected"] = list(self.selected), list(self.accepted), dict(self.rejected)
+        d["declined"] = list(self.declined)
         d["clients"] = {cid: dict(vars(rec)) for cid, rec in self.clients.items()}
         return d
 
@@ -114,6 +118,16 @@ class Polled:
 
 
 @dataclass(frozen=True)
+class Declined:
+    """The client is alive but declines work now (its device is not eligible: ``PullTaskRequest.declined``): it is
+    not selectable until it polls again, and a round that selected it and has no update from it stops waiting for
+    it. Unavailable, not failed: no rejection is counted."""
+
+    client_id: str
+    now: float
+
+
+@dataclass(frozen=True)
 class Left:
     client_id: str
     now: float
@@ -159,7 +173,8 @@ class AggregationFailed:
     now: float
 
 
-Observation = Joined | Seen | Polled | Left | Tick | UpdateAccepted | UpdateRejected | Aggregated | AggregationFailed
+Observation = (Joined | Seen | Polled | Declined | Left | Tick | UpdateAccepted | UpdateRejected | Aggregated
+               | AggregationFailed)
 
 
 # ---- events ----
@@ -243,6 +258,8 @@ def admission(state: RoundState, client_id: str, round_: int) -> str | None:
         return f"an update for round {round_} was already accepted from this client"
     if client_id in state.rejected:
         return f"an update for round {round_} was already rejected from this client"
+    if client_id in state.declined:
+        return f"the client declined round {round_}"
     return None
 
 
@@ -273,6 +290,13 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
             quiet = rec.alive and (rec.ready or not isinstance(obs, Polled))
             rec.last_seen, rec.alive = obs.now, True
             rec.ready = rec.ready or isinstance(obs, Polled)
+    elif isinstance(obs, Declined):
+        rec = s.clients.get(obs.client_id)
+        if rec is not None:
+            rec.last_seen, rec.alive, rec.ready = obs.now, True, False
+            if (s.phase == TRAINING and obs.client_id in s.selected and obs.client_id not in s.accepted
+                    and obs.client_id not in s.rejected and obs.client_id not in s.declined):
+                s.declined.append(obs.client_id)
     elif isinstance(obs, Left):
         rec = s.clients.get(obs.client_id)
         if rec is not None:
@@ -316,6 +340,7 @@ def _next_round(s: RoundState, now: float, config: RoundsConfig, events: list[Ev
 def _to_sampling(s: RoundState, now: float) -> None:
     s.phase, s.phase_since = SAMPLING, now
     s.selected, s.accepted, s.rejected, s.rejected_in_round = [], [], {}, 0
+    s.declined = []
 
 
 def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, events: list[Event],
@@ -349,7 +374,8 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
     elif s.phase == TRAINING:
         k = config.clients_per_round
         grace = limits.poll_grace_s
-        pending = [c for c in s.selected if c not in s.accepted and c not in s.rejected and s.clients[c].alive]
+        pending = [c for c in s.selected if c not in s.accepted and c not in s.rejected and c not in s.declined
+                   and s.clients[c].alive]
         if grace and now - s.phase_since >= grace:
             # Selected clients that did not come for their task within the grace are not waited for, and are not
             # ready again until they poll (else the next attempt could select the same silent ids).
@@ -384,7 +410,7 @@ def start_needs(s: RoundState, config: RoundsConfig) -> int:
 
 def _start_round(s: RoundState, alive: list[str], now: float, config: RoundsConfig, events: list[Event]) -> None:
     s.selected = select_clients(alive, config.num_selected, config.seed, s.round, s.attempt)
-    s.accepted, s.rejected, s.rejected_in_round = [], {}, 0
+    s.accepted, s.rejected, s.rejected_in_round, s.declined = [], {}, 0, []
     s.phase, s.phase_since = TRAINING, now
     s.deadline = now + config.round_timeout_s
     events.append(RoundStarted(s.round, s.attempt, tuple(s.selected), s.deadline))
@@ -424,4 +450,5 @@ def resume(state: RoundState, completed_rounds: int, config: RoundsConfig, now: 
     s.phase_since = now
     s.deadline = 0.0
     s.selected, s.accepted, s.rejected, s.rejected_in_round = [], [], {}, 0
+    s.declined = []
     return s

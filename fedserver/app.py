@@ -1,4 +1,6 @@
-"""Serve a federation: gRPC server + coordinator on one event loop, in the foreground or in a thread."""
+"""Serve a federation: gRPC server + coordinator on one event loop, in the foreground (:func:`serve`, a coroutine)
+or in a thread (:class:`ServerThread`, the embedding API: the global model(s), the latest round report, waiting for
+a round, stop; docs/embedding.md)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from torch import nn
 
 from fedcore.config import ConfigError, ServerConfig
 from fedcore.log import get_logger
-from fedcore.report import FederationStatus
+from fedcore.models import build_model
+from fedcore.report import FederationStatus, RoundReport
 from fedserver.coordinator import Coordinator
+from fedserver.global_models import GLOBAL
 from fedserver.rundir import RunDirLock
 from fedserver.servicer import FederationServicer, add_to_server, set_serving
 
@@ -87,9 +92,31 @@ def listen(server: grpc.aio.Server, config: ServerConfig) -> int:
     return int(port)
 
 
+RoundCallback = Callable[[RoundReport], None]
+
+
+def guarded(fn: RoundCallback, log: Any) -> RoundCallback:
+    """``fn`` with its exceptions logged (``callback.failed``) instead of raised: an app's bug must not stop the
+    federation."""
+
+    def call(report: RoundReport) -> None:
+        try:
+            fn(report)
+        except Exception as e:
+            log.exception("callback.failed", callback="on_round_end", round=report.round,
+                          error=f"{type(e).__name__}: {e}")
+
+    return call
+
+
 async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, FederationServicer], None] | None = None,
-                stop: asyncio.Event | None = None, linger_s: float = 2.0, fresh: bool = False) -> FederationStatus:
+                stop: asyncio.Event | None = None, linger_s: float = 2.0, fresh: bool = False,
+                on_round_end: RoundCallback | None = None) -> FederationStatus:
     """Run the federation to its end (or until ``stop`` is set); returns the final status.
+
+    ``on_round_end(report)`` is called with each completed round's :class:`RoundReport`, after the round was
+    persisted, on the server's event loop (keep it short: hand heavy work to a thread); an exception it raises is
+    logged and the federation carries on.
 
     A federation already in ``config.server.run_dir`` is resumed (``fresh`` moves it aside and starts a new
     one). After the last round the server keeps answering until every live client has been told that the
@@ -97,6 +124,8 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
     first, the stop is graceful (:meth:`Coordinator.stop`): the status then has ``stopping`` set.
     """
     coord = Coordinator(config)  # checks the configuration before anything listens or touches the run dir
+    if on_round_end is not None:
+        coord.subscribe(guarded(on_round_end, coord.log))
     check_port_free(config.server.address)  # a taken port is refused before the run dir is created or touched
     # One writer per run directory, before anything listens or touches it (RunDirLocked names the holder).
     lock = RunDirLock.acquire(config.server.run_dir, config.server.address)
@@ -162,10 +191,21 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
 
 
 class ServerThread:
-    """A server running in a background thread (tests, benchmarks, apps embedding the coordinator)."""
+    """A server running in a background thread (apps embedding the coordinator, tests, benchmarks).
 
-    def __init__(self, config: ServerConfig, linger_s: float = 2.0, fresh: bool = False) -> None:
+    ``with ServerThread(config, on_round_end=fn) as srv:`` starts it and stops it at the end of the block. Every
+    public method is thread-safe: :meth:`global_model` / :meth:`models` (fresh modules of the global and DistFL
+    cluster models), :meth:`latest_report`, :meth:`wait_for_round`, :meth:`status`, :meth:`stop`.
+    ``on_round_end(report)`` runs on the server's event loop after each round was persisted (keep it short; an
+    exception it raises is logged and the federation carries on).
+    """
+
+    def __init__(self, config: ServerConfig, linger_s: float = 2.0, fresh: bool = False,
+                 on_round_end: RoundCallback | None = None) -> None:
         self.config = config
+        self.on_round_end = on_round_end
+        self._reports = threading.Condition()
+        self._latest: RoundReport | None = None
         self.linger_s = linger_s
         self.fresh = fresh
         self.port = 0
@@ -188,7 +228,8 @@ class ServerThread:
                 self.port, self.coordinator, self.servicer = port, coord, servicer
                 self._ready.set()
 
-            self.result = await serve(self.config, on_ready, self._stop, self.linger_s, self.fresh)
+            self.result = await serve(self.config, on_ready, self._stop, self.linger_s, self.fresh,
+                                      on_round_end=self._round_end)
 
         try:
             asyncio.run(go())
@@ -196,6 +237,77 @@ class ServerThread:
             self.error = e
         finally:
             self._ready.set()
+            with self._reports:
+                self._reports.notify_all()
+
+    def _round_end(self, report: RoundReport) -> None:
+        with self._reports:
+            self._latest = report
+            self._reports.notify_all()
+        if self.on_round_end is not None:
+            self.on_round_end(report)  # guarded by serve(): an exception is logged
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def latest_report(self) -> RoundReport | None:
+        """The last completed round's report (None before the first, or the restored one's after a resume)."""
+        with self._reports:
+            if self._latest is not None:
+                return self._latest
+        coord = self.coordinator
+        if coord is not None and self._thread.is_alive():
+            history = self.call(lambda: list(coord.history))
+            return history[-1] if history else None
+        return None
+
+    def wait_for_round(self, n: int, timeout: float | None = None) -> RoundReport:
+        """Block until round ``n`` has completed; returns the latest report (of round ``n`` or later).
+        :class:`TimeoutError` after ``timeout`` seconds, :class:`RuntimeError` when the server ended first."""
+        with self._reports:
+            done = self._reports.wait_for(lambda: (self._latest is not None and self._latest.round >= n)
+                                          or not self._thread.is_alive(), timeout)
+            latest = self._latest
+        if latest is not None and latest.round >= n:
+            return latest
+        if not done:
+            raise TimeoutError(f"round {n} did not complete within {timeout} s")
+        raise RuntimeError(f"the server ended before round {n} completed"
+                           + (f": {self.error}" if self.error is not None else ""))
+
+    def status(self) -> FederationStatus:
+        """Where the federation stands now (as the operator's GetStatus shows it)."""
+        coord = self.coordinator
+        if coord is None:
+            raise RuntimeError("the server has not started")
+        if not self._thread.is_alive():
+            return coord.status()
+        return self.call(coord.status)  # type: ignore[no-any-return]
+
+    def models(self) -> dict[str, nn.Module]:
+        """Fresh modules (CPU, eval mode) of the server's models by id: ``"global"``, and with DistFL one per
+        cluster. Thread-safe; the modules are the caller's."""
+        coord = self.coordinator
+        if coord is None:
+            raise RuntimeError("the server has not started")
+        states = (self.call(lambda: coord.models.all()) if self._thread.is_alive() else coord.models.all())
+        out = {}
+        for model_id, state in states.items():
+            module = build_model(self.config.model.name, self.config.model.kwargs, seed=self.config.rounds.seed)
+            module.load_state_dict(state)  # copies: the server's tensors are never shared
+            module.eval()
+            out[model_id] = module
+        return out
+
+    def global_model(self, model_id: str = GLOBAL) -> nn.Module:
+        """A fresh module of the global model (or of DistFL cluster ``model_id``)."""
+        models = self.models()
+        if model_id not in models:
+            raise KeyError(f"no model {model_id!r}; the server has {sorted(models)}")
+        return models[model_id]
 
     def start(self, timeout: float = 30.0) -> ServerThread:
         self._thread.start()

@@ -240,8 +240,10 @@ class Coordinator:
         self.observe(rm.Left(cid, self.clock()))
         self.log.info("client.left", client_id=cid, reason=reason)
 
-    async def pull(self, session: str, max_wait_s: float) -> Task | WaitInfo:
+    async def pull(self, session: str, max_wait_s: float, declined: bool = False) -> Task | WaitInfo:
         cid = self.touch(session)
+        if declined:
+            return self._declined(cid)
         if not self.state.clients[cid].ready and not self.stopping:
             self.observe(rm.Polled(cid, self.clock()))
         self._polling[cid] = self._polling.get(cid, 0) + 1
@@ -252,6 +254,19 @@ class Coordinator:
             if not self._polling[cid]:
                 del self._polling[cid]
                 self._parked.pop(cid, None)
+
+    def _declined(self, cid: str) -> WaitInfo:
+        """The client declines work now (its device is not eligible): unavailable, not failed (rm.Declined).
+        It is told to check again within a heartbeat interval (its decline poll keeps it alive)."""
+        if self.state.phase == rm.FINISHED:
+            self._told_finished.add(cid)
+            return WaitInfo(0.0, True, f"federation {self.state.outcome}")
+        rec = self.state.clients.get(cid)
+        if rec is not None and (rec.ready or (cid in self.state.selected and cid not in self.state.declined)):
+            self.log.info("client.declined", client_id=cid, round=self.state.round,
+                          selected=cid in self.state.selected)
+        self.observe(rm.Declined(cid, self.clock()))
+        return WaitInfo(self.config.server.heartbeat_interval_s, False, "declined: not selectable until it polls")
 
     async def _pull(self, session: str, cid: str, max_wait_s: float) -> Task | WaitInfo:
         wait = min(max(max_wait_s, 0.0), self.config.server.long_poll_s)

@@ -126,7 +126,7 @@ class FederationServicer:
             bounds.check_pull(request)
             self._session_of(self.auth.identify(method_path("PullTask"), context, item.raw), request.session_id)
             with self.limits.pull(request.session_id):
-                res = await self.coord.pull(request.session_id, request.max_wait_s)
+                res = await self.coord.pull(request.session_id, request.max_wait_s, request.declined)
         except ProtocolError as e:
             await self._refuse(context, "PullTask", e)
         if not isinstance(res, Task):

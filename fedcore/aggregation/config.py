@@ -50,7 +50,8 @@ class AggregationConfig:
     # memory independent of K and w_div is estimated from a sketch; see sketch_dim).
     exact_metrics: bool = False
     # Streaming FedAvg: width of the per-update CountSketch used to estimate w_div (relative error of each
-    # ||u_i - g|| about 1/sqrt(2 * sketch_dim)); 0 = do not estimate w_div (nor delta) in streaming mode.
+    # ||u_i - g|| about 1/sqrt(2 * sketch_dim)); 0 = do not estimate w_div (nor delta) in streaming mode;
+    # sketch_seed seeds its bucket signs.
     sketch_dim: int = 4093
     sketch_seed: int = 0
     # make_aggregator refuses a rule/K/P combination whose working memory exceeds this; 0 = no check.

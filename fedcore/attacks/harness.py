@@ -36,11 +36,13 @@ class SimulationHarnessConfig:
     ``attack`` is what it crafts (kind stat_opt or dyn_opt and their options; ``knowledge`` must be "full");
     ``trim_to_attackers`` gives the trimmed mean the round's attacker count as m (the papers' oracle defender)."""
 
+    # Turn the server-side full-knowledge adversary on (simulation only: refused with TLS or enrolled keys).
     full_knowledge_adversary: bool = False
     # The trimmed mean trims, per side, at least as many values as the round has attacker updates (the defender
     # of HYDRA-FL's and Shejwalkar & Houmansadr's evaluations knows m; capped at (n - 1) // 2); the rows are then
     # crafted against that rule. Off: the configured trim_m / trim_fraction.
     trim_to_attackers: bool = False
+    # What it crafts: kind stat_opt or dyn_opt with knowledge = "full", and their options.
     attack: AttackConfig = field(default_factory=lambda: AttackConfig(kind="dyn_opt", knowledge="full"))
 
     def validate(self, prefix: str = "simulation_harness.") -> SimulationHarnessConfig:

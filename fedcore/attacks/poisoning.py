@@ -49,6 +49,8 @@ class AttackError(ValueError):
 
 @dataclass(frozen=True)
 class AttackConfig:
+    # The attack: "none", a data-poisoning kind ("label_flip", "backdoor") or a model-poisoning kind
+    # ("model_replacement", "stat_opt", "dyn_opt").
     kind: str = "none"
     # label_flip mapping: "reverse" | "swap" | "directed" | "all"
     flip: str = "reverse"
@@ -73,14 +75,15 @@ class AttackConfig:
     boost: float = 10.0
     # stat_opt (full knowledge): malicious values between the benign extreme and the extreme scaled by b.
     stat_b: float = 2.0
-    # dyn_opt: perturbation direction "std" | "sign" | "unit", and the halving search's start and tolerance.
+    # dyn_opt: perturbation direction "std" | "sign" | "unit", and the halving search's start gamma_init and
+    # tolerance gamma_tol.
     dev_type: str = "std"
     gamma_init: float = 10.0
     gamma_tol: float = 1e-5
     # partial knowledge: honest updates on this many disjoint shards of the attacker's data form the benign sample.
     estimate_shards: int = 4
     # The server's rule as the adversary assumes it (HYDRA-FL: trimmed mean) and the number of malicious rows it
-    # assumes beside the benign ones (trimmed_mean's trim_m, krum's f).
+    # assumes beside the benign ones (assumed_attackers: trimmed_mean's trim_m, krum's f).
     assumed_rule: str = "trimmed_mean"
     assumed_attackers: int = 2
 

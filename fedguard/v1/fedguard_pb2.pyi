@@ -154,12 +154,14 @@ class JoinReply(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., config: _Optional[_Union[FederationConfig, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., client_index: _Optional[int] = ...) -> None: ...
 
 class PullTaskRequest(_message.Message):
-    __slots__ = ("session_id", "max_wait_s")
+    __slots__ = ("session_id", "max_wait_s", "declined")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    DECLINED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     max_wait_s: float
-    def __init__(self, session_id: _Optional[str] = ..., max_wait_s: _Optional[float] = ...) -> None: ...
+    declined: bool
+    def __init__(self, session_id: _Optional[str] = ..., max_wait_s: _Optional[float] = ..., declined: _Optional[bool] = ...) -> None: ...
 
 class Wait(_message.Message):
     __slots__ = ("retry_after_s", "finished", "reason")

@@ -43,7 +43,6 @@ from typing import Any
 
 import grpc
 import pytest
-import structlog
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, assume, given, settings
@@ -53,6 +52,7 @@ from fedclient import ClientConfig, FedClient
 from fedcore import rounds as rm
 from fedcore.config import ServerConfig, build_config
 from fedcore.identity import valid_client_id
+from fedcore.log import EVENT_ATTR, ROOT_LOGGER, configure_logging
 from fedcore.serialization import Reassembler, pack
 from fedcore.simulation import SimulationConfig
 from fedguard import wire
@@ -263,15 +263,17 @@ def rss_kb() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
-def _capture(events: list[dict[str, Any]]) -> Any:
-    """A structlog processor keeping the server's update verdicts (who was accepted) for the checks."""
+class _Capture(logging.Handler):
+    """Keeps the server's update verdicts (who was accepted) for the checks, from the records' event dicts."""
 
-    def proc(logger: Any, name: str, event_dict: Any) -> Any:
-        if event_dict.get("event") in ("update.accepted", "update.rejected", "rpc.refused"):
-            events.append({k: event_dict.get(k) for k in ("event", "component", "client_id", "round", "code")})
-        return event_dict
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        super().__init__(logging.INFO)
+        self.events = events
 
-    return proc
+    def emit(self, record: logging.LogRecord) -> None:
+        ev = getattr(record, EVENT_ATTR, {})
+        if ev.get("event") in ("update.accepted", "update.rejected", "rpc.refused"):
+            self.events.append({k: ev.get(k) for k in ("event", "component", "client_id", "round", "code")})
 
 
 def _servicer_of(srv: ServerThread) -> FederationServicer:
@@ -291,14 +293,11 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.0
 
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzz]:
-    saved_logging = structlog.get_config()
     events: list[dict[str, Any]] = []
     # The server's log lines are rendered (hostile strings go through the renderer) into a buffer, not stderr.
-    structlog.configure(
-        processors=[_capture(events), structlog.processors.add_log_level, structlog.processors.format_exc_info,
-                    structlog.dev.ConsoleRenderer(colors=False)],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(file=io.StringIO()), cache_logger_on_first_use=False)
+    configure_logging(level="info", stream=io.StringIO())
+    capture = _Capture(events)
+    logging.getLogger(ROOT_LOGGER).addHandler(capture)
     tmp = tmp_path_factory.mktemp("fuzz")
     cfg = server_config(
         tmp,
@@ -352,7 +351,8 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzz]:
             c.stop(5)
         channel.close()
         srv.stop()
-        structlog.configure(**saved_logging)
+        logging.getLogger(ROOT_LOGGER).removeHandler(capture)
+        configure_logging(level="warning")  # the test session's (tests/conftest.py)
 
 
 def assert_alive(fed: Fuzz) -> None:

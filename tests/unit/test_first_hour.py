@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import pytest
-import structlog
 
 from fedcore import names
 from fedcore.config import ConfigError, ServerConfig, build_config
@@ -171,7 +170,6 @@ def test_eta_and_local_data_options() -> None:
 def test_the_console_shows_one_short_line_per_round(capsys: pytest.CaptureFixture[str]) -> None:
     from fedcore.log import configure_logging, get_logger
 
-    saved = structlog.get_config()
     try:
         out = io.StringIO()
         configure_logging(level="info", stream=out)
@@ -195,7 +193,7 @@ def test_the_console_shows_one_short_line_per_round(capsys: pytest.CaptureFixtur
         get_logger("fedserver").info("update.accepted", client_id="c", round=1)
         assert "update.accepted" in out.getvalue()
     finally:
-        structlog.configure(**saved)
+        configure_logging(level="warning")  # the test session's (tests/conftest.py)
 
 
 def test_progress_is_one_rewritten_line_on_a_terminal_and_rare_plain_lines_otherwise() -> None:
