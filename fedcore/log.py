@@ -20,6 +20,8 @@ from typing import Any
 
 import structlog
 
+from fedcore import jsonio
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 ROOT_LOGGER = "fedguard"
@@ -158,7 +160,8 @@ class _EventFormatter(logging.Formatter):
 
     def __init__(self, json: bool) -> None:
         super().__init__()
-        self._renderer: Any = (structlog.processors.JSONRenderer() if json
+        # JSON lines are strict JSON: a NaN or infinite number is written as null (fedcore.jsonio)
+        self._renderer: Any = (structlog.processors.JSONRenderer(serializer=jsonio.dumps) if json
                                else structlog.dev.ConsoleRenderer(colors=False))
 
     def format(self, record: logging.LogRecord) -> str:
