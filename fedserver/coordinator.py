@@ -429,9 +429,14 @@ class Coordinator:
         """The final global model and each DistFL cluster's as safetensors + JSON sidecar (fedcore.outputs)."""
         sha = outputs.config_hash(redacted(self.config))
         for model_id in self.models.ids():
-            outputs.write_model(self.run_dir, self.models.get(model_id), model_name=self.config.model.name,
-                                model_kwargs=self.config.model.kwargs, round_=rounds, config_sha=sha,
-                                cluster=None if model_id == GLOBAL else model_id)
+            try:
+                path = outputs.write_model(self.run_dir, self.models.get(model_id), model_name=self.config.model.name,
+                                           model_kwargs=self.config.model.kwargs, round_=rounds, config_sha=sha,
+                                           cluster=None if model_id == GLOBAL else model_id)
+            except (OSError, ValueError) as e:  # final_model.fgt and the state store have the model already
+                self.log.error("outputs.write_failed", model_id=model_id, reason=str(e))
+                continue
+            self.log.info("outputs.written", model_id=model_id, path=str(path))
 
     def close(self) -> None:
         self.persistence.close()

@@ -69,3 +69,22 @@ def test_a_factory_path_in_a_sidecar_is_never_imported(tmp_path: Path) -> None:
     mine = build_model("mlp", {"hidden": [8]}, seed=5)
     got = fedguard.load_model(tmp_path, model=mine)
     assert got is mine and all(torch.equal(mine.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_coordinator_writes_the_global_and_every_cluster_model(tmp_path: Path) -> None:
+    from fedcore.config import ServerConfig, build_config
+    from fedserver.coordinator import Coordinator
+
+    cfg = build_config(ServerConfig, None, [(["server", "run_dir"], str(tmp_path)), (["security", "insecure"], True),
+                                            (["model", "kwargs"], {"hidden": [8]})])
+    coord = Coordinator(cfg)
+    other = build_model("mlp", {"hidden": [8]}, seed=9).state_dict()
+    coord.models.put("c0", other)
+    coord._write_outputs(5)
+    glob = fedguard.load_model(tmp_path)
+    assert all(torch.equal(glob.state_dict()[k], v) for k, v in coord.models.get().items())
+    c0 = fedguard.load_model(tmp_path, "c0")
+    assert all(torch.equal(c0.state_dict()[k], v) for k, v in other.items())
+    meta = strict_loads((tmp_path / "final_clusters" / "c0.json").read_text())
+    assert meta["cluster"] == "c0" and meta["round"] == 5 and meta["model_kwargs"] == {"hidden": [8]}
+    assert meta["config_hash"] == strict_loads((tmp_path / "final_model.json").read_text())["config_hash"]
