@@ -48,8 +48,10 @@ CONSOLE_DEBUG_EVENTS = frozenset({"update.accepted", "update.sent", "round.start
 # and rounds.jsonl); at debug level the console shows them whole.
 CONSOLE_FIELDS: dict[str, tuple[str, ...]] = {
     "round.completed": ("round", "outcome", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy",
-                        "beta_hat", "beta", "nfl_count", "central_accuracy", "seconds"),
+                        "beta_hat", "beta", "nfl_count", "central_accuracy", "dp_epsilon", "seconds"),
 }
+# Fields of CONSOLE_FIELDS shown only when they have a value (a run without DP has no epsilon to show).
+_IF_SET = ("dp_epsilon",)
 _ALWAYS = ("event", "component", "level", "timestamp")
 
 
@@ -69,7 +71,8 @@ def console_filter(level: str) -> Any:
             raise structlog.DropEvent
         keep = CONSOLE_FIELDS.get(event)
         if keep is not None:
-            return {k: _short(v) for k, v in event_dict.items() if k in keep or k in _ALWAYS}
+            return {k: _short(v) for k, v in event_dict.items() if (k in keep or k in _ALWAYS)
+                    and not (k in _IF_SET and isinstance(v, float) and v != v)}
         return event_dict
 
     return proc

@@ -23,7 +23,8 @@ Caveats, also stated in docs/privacy.md: Opacus' analysis assumes Poisson sampli
 public, while fedguard samples a fixed number of clients uniformly and divides by the number that answered
 (``accepted``, reported in every round); the weight share of a weighted average depends on the clients' sample
 counts, which are then assumed public. Only averaging rules have this sensitivity: for the robust rules (median,
-trimmed mean, Krum, Bulyan, K-norm) and for DistFL's per-cluster aggregation no round is accounted (ε = null).
+trimmed mean, Krum, Bulyan, K-norm) no round is accounted (ε = null), nor under DistFL, whose clustering reads the
+clients' raw models.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def not_accounted(agg: AggregationConfig, distfl: bool = False) -> str | None:
         return (f"aggregation.rule = {agg.rule!r} has no sensitivity bound derived here (accounted: "
                 f"{', '.join(AVERAGING_RULES)})")
     if distfl:
-        return "DistFL aggregates per cluster: per-cluster sensitivity is not accounted"
+        return ("DistFL clusters the clients by their raw, un-noised models (and publishes the clusters), which the "
+                "noise does not cover")
     return None
 
 
