@@ -187,10 +187,17 @@ def update(state: AccountantState, mechanism: RoundMechanism) -> AccountantState
     return AccountantState(state.rounds + 1, tuple(a + b for a, b in zip(prev, rdp, strict=True)))
 
 
+def unbounded(state: AccountantState) -> AccountantState:
+    """``state`` after a round whose privacy loss is not known: from then on there is no guarantee (ε = inf)."""
+    return AccountantState(state.rounds + 1, (math.inf,) * len(ORDERS))
+
+
 def epsilon(state: AccountantState, delta: float) -> float:
     """The ε of the (ε, δ) guarantee after ``state.rounds`` rounds (0 before any; inf when there is none)."""
     if not state.rdp:
         return 0.0
+    if not any(math.isfinite(v) for v in state.rdp):
+        return math.inf
     with warnings.catch_warnings():
         # Opacus warns when the optimum is at the smallest or largest order (tiny or huge noise): the value is
         # still a valid upper bound.

@@ -63,8 +63,15 @@ class DpMonitor:
         """The report completed with the round's DP figures, and whether the federation must stop after it."""
         if not self.enabled:
             return report, False
-        mech = privacy.round_mechanism(self.aggregation, report.metrics, report.selected, self.population)
-        self.state = privacy.update(self.state, mech)
+        try:
+            mech = privacy.round_mechanism(self.aggregation, report.metrics, report.selected, self.population)
+        except ValueError as e:  # a round whose sensitivity is unknown: no guarantee from here on (epsilon = inf)
+            self.log.error("dp.round_not_accounted", round=report.round, reason=str(e),
+                           consequence="epsilon is infinite from this round on")
+            mech = privacy.RoundMechanism(math.nan, math.nan)
+            self.state = privacy.unbounded(self.state)
+        else:
+            self.state = privacy.update(self.state, mech)
         self.epsilon = privacy.epsilon(self.state, self.config.delta)
         budget = self.config.max_epsilon
         stop = False

@@ -134,3 +134,15 @@ def test_monitor_without_dp_leaves_the_report_alone(tmp_path: Path) -> None:
     mon = DpMonitor(cfg)
     r, stop = mon.observe(_report(1))
     assert not mon.enabled and not stop and math.isnan(r.dp_epsilon)
+
+
+def test_a_round_without_a_sensitivity_leaves_no_guarantee(tmp_path: Path) -> None:
+    from fedserver.dp_monitor import DpMonitor
+
+    mon = DpMonitor(_config(tmp_path, max_epsilon=100.0, on_budget="stop"))
+    mon.observe(_report(1))
+    bad = RoundReport(round=2, selected=2, accepted=2, metrics={})  # no max_weight_share, no num_updates
+    r, stop = mon.observe(bad)
+    assert r.dp_epsilon == math.inf and stop and mon.stop_required
+    assert mon.observe(_report(3))[0].dp_epsilon == math.inf  # it never comes back
+    assert privacy.AccountantState.from_dict(strict_loads(json.dumps(mon.save()["accountant"]))) == mon.state
