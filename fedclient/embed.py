@@ -20,9 +20,10 @@ from fedclient.local_round import InferenceView, LocalRound
 from fedcore.client_state import ClientNflState, ClientRoundReport, next_nfl_state
 
 ModelKind = Literal["global", "adapted"]
-RoundEndCallback = Callable[[ClientRoundReport], None]
-ModelCallback = Callable[[ModelKind, nn.Module], None]
-StateChangeCallback = Callable[[ClientNflState, ClientNflState], None]
+# Callbacks may return anything (it is ignored).
+RoundEndCallback = Callable[[ClientRoundReport], object]
+ModelCallback = Callable[[ModelKind, nn.Module], object]
+StateChangeCallback = Callable[[ClientNflState, ClientNflState], object]
 
 
 class ModelNotReady(RuntimeError):
@@ -50,11 +51,11 @@ class Callbacks:
         self.model: list[ModelCallback] = []
         self.state_change: list[StateChangeCallback] = []
 
-    def add(self, kind: str, fn: Callable[..., None] | None) -> None:
+    def add(self, kind: str, fn: Callable[..., object] | None) -> None:
         if fn is None:
             return
         if not callable(fn):
-            raise TypeError(f"{kind}: expected a callable, got {type(fn).__name__}")
+            raise TypeError(f"on_{kind}: expected a callable, got {type(fn).__name__}")
         with self._lock:
             getattr(self, kind).append(fn)
 

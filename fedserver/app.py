@@ -92,10 +92,10 @@ def listen(server: grpc.aio.Server, config: ServerConfig) -> int:
     return int(port)
 
 
-RoundCallback = Callable[[RoundReport], None]
+RoundCallback = Callable[[RoundReport], object]
 
 
-def guarded(fn: RoundCallback, log: Any) -> RoundCallback:
+def guarded(fn: RoundCallback, log: Any) -> Callable[[RoundReport], None]:
     """``fn`` with its exceptions logged (``callback.failed``) instead of raised: an app's bug must not stop the
     federation."""
 

@@ -172,3 +172,135 @@ def test_an_app_serves_the_adapted_model_from_the_report_to_the_cancel(tmp_path:
     # The server's embedding API: its global model is the round-ROUNDS aggregate of what the clients sent.
     assert srv.latest_report() is not None and srv.latest_report().round == ROUNDS  # type: ignore[union-attr]
     assert set(srv.models()) == {"global"}
+
+
+def test_a_device_that_cannot_train_declines_and_counts_as_unavailable_not_failed(tmp_path: Path) -> None:
+    """client-2 is selected for round 1 and its app's can_train() says no when the task arrives: it declines, the
+    server stops waiting for it (the round closes with the two others at once, not at the 30 s deadline), nothing is
+    counted as rejected, and client-2 trains in the later rounds. The server's embedding API follows the run, and an
+    on_round_end callback that raises does not stop the federation."""
+    cfg = server_config(tmp_path, rounds={"num_rounds": 3, "clients_per_round": 3, "min_available": 3,
+                                          "min_updates": 2, "round_timeout_s": 30.0, "seed": 2},
+                        server={"heartbeat_interval_s": 0.5})
+    seen: list[int] = []
+
+    def on_round_end(report: RoundReport) -> None:
+        seen.append(report.round)
+        raise RuntimeError("an app bug")  # logged; the federation carries on
+
+    srv = ServerThread(cfg, linger_s=0.5, on_round_end=on_round_end).start()
+    coord = srv.coordinator
+    assert coord is not None
+    asked: list[bool] = []
+
+    def can_train() -> bool:  # "not now" exactly while round 1 has this client selected
+        ok = not srv.call(lambda: coord.state.round == 1 and "client-2" in coord.state.selected)
+        asked.append(ok)
+        return bool(ok)
+
+    clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
+                                      long_poll_s=5.0), can_train=can_train if i == 2 else None).start()
+               for i in range(3)]
+    try:
+        first = srv.wait_for_round(1, timeout=60)
+        status = srv.wait(120)
+        summaries = [c.join(30) for c in clients]
+    finally:
+        for c in clients:
+            c.stop()
+        srv.stop()
+    assert status is not None and status.outcome == "completed", status
+    assert first.round == 1 and first.selected == 3 and first.accepted == 2 and first.rejected == 0
+    assert first.outcome == "all_responded" and first.seconds < 15.0, first
+    assert [h.accepted for h in status.history] == [2, 3, 3] and status.rejected_total == 0
+    assert [h["round"] for h in summaries[2].history] == [2.0, 3.0] and summaries[2].updates_rejected == 0
+    assert False in asked and asked[-1] is True
+    assert seen == [1, 2, 3]
+    # The server's models: fresh modules equal to the final model it wrote.
+    from fedcore.serialization import load_state
+
+    final, _ = load_state(Path(cfg.server.run_dir) / "final_model.fgt")
+    model = srv.global_model()
+    assert set(srv.models()) == {"global"}
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, final[k]), k
+    assert srv.latest_report() == status.history[-1]
+
+
+def test_an_embedded_client_and_server_leave_logging_to_the_app(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """No handler is added to the root logger, nothing is printed to stdout, and the records reach a handler the
+    app attaches to ``logging.getLogger("fedguard")``; a client's ``log_level`` is honoured."""
+    import logging
+
+    fedguard = logging.getLogger("fedguard")
+    saved = (list(fedguard.handlers), fedguard.level, fedguard.propagate)
+    for h in list(fedguard.handlers):  # the test session's console handler (tests/conftest.py): a pristine app
+        if not isinstance(h, logging.NullHandler):
+            fedguard.removeHandler(h)
+    fedguard.propagate, fedguard.level = True, logging.NOTSET
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = Keep()
+    root_before = list(logging.getLogger().handlers)
+    try:
+        fedguard.addHandler(keep)
+        fedguard.setLevel(logging.INFO)  # the app's choice
+        cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 2, "min_available": 2})
+        with ServerThread(cfg, linger_s=0.3) as srv:
+            clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=name, data_index=i,
+                                              long_poll_s=5.0, log_level=level))
+                       for i, (name, level) in enumerate((("loud", "info"), ("quiet", "warning")))]
+            for c in clients:
+                c.start()
+            srv.wait(60)
+            for c in clients:
+                c.join(30)
+        assert logging.getLogger().handlers == root_before
+        assert capsys.readouterr().out == ""
+        events = [(r.name, r.levelno, getattr(r, "fedguard", {})) for r in records]
+        assert ("fedguard.client", logging.INFO) in [(n, lv) for n, lv, ev in events
+                                                     if ev.get("event") == "client.joined"
+                                                     and ev.get("client_id") == "loud"]
+        assert not [ev for n, lv, ev in events
+                    if n == "fedguard.client" and ev.get("client_id") == "quiet" and lv < logging.WARNING]
+        # ... while the same event of "loud" (log_level info) is there: "quiet"'s log_level filtered it.
+        assert all(ev.get("client_id") == "loud" for n, _, ev in events
+                   if n == "fedguard.client" and ev.get("event") in ("client.joined", "client.finished"))
+        assert any(n == "fedguard.server" and ev.get("event") == "round.completed" for n, _, ev in events)
+        assert all(r.getMessage().startswith(getattr(r, "fedguard", {}).get("event", "")) for r in records)
+    finally:
+        fedguard.removeHandler(keep)
+        fedguard.handlers[:], fedguard.level, fedguard.propagate = saved
+
+
+def test_run_async_is_cancelled_cleanly(tmp_path: Path) -> None:
+    """``await client.run_async()`` takes part; cancelling the task stops the client, which leaves the federation."""
+    import asyncio
+
+    cfg = server_config(tmp_path, rounds={"num_rounds": 50, "clients_per_round": 1, "min_available": 1})
+    with ServerThread(cfg, linger_s=0.3) as srv:
+        coord = srv.coordinator
+        assert coord is not None
+
+        async def app() -> FedClient:
+            loop = asyncio.get_running_loop()
+            trained = asyncio.Event()
+            client = FedClient(ClientConfig(insecure=True, server=srv.address, client_id="async", data_index=0,
+                                            long_poll_s=5.0),
+                               on_round_end=lambda report: loop.call_soon_threadsafe(trained.set))
+            task = asyncio.ensure_future(client.run_async())
+            await asyncio.wait_for(trained.wait(), 60)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return client
+
+        client = asyncio.run(app())
+        assert client.summary.rounds_trained >= 1 and not client.summary.finished
+        assert srv.call(lambda: coord.state.clients["async"].alive) is False  # it left
+        assert srv.latest_report() is not None
