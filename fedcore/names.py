@@ -10,7 +10,7 @@ from __future__ import annotations
 
 TRAINERS = ('apfl', 'ditto', 'fb', 'fedntd', 'flguard', 'ft', 'hydra', 'lindt', 'moon', 'noop', 'vanilla')
 RULES = ('bulyan', 'fedavg', 'knorm', 'krum', 'median', 'multi_krum', 'trimmed_mean')
-DETECTORS = ('beta_hat', 'delta')
+DETECTORS = ('beta_hat', 'beta_hat_cusum', 'beta_hat_plateau', 'beta_hat_warmup', 'delta')
 ATTACKS = ('none', 'label_flip', 'backdoor', 'model_replacement', 'stat_opt', 'dyn_opt')
 DATASETS = ('cifar10', 'har', 'imagefolder', 'mnist', 'npz', 'shakespeare', 'synthetic')
 MODELS = ('char_lstm', 'cifar_cnn', 'fedntd_cnn', 'har_cnn', 'hydra_ntd_cnn', 'logreg', 'mlp', 'mlp_bn',

@@ -70,8 +70,9 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "lr": ("training.learning_rate", float, "client learning rate"),
     "rule": ("aggregation.rule", str, f"aggregation rule: {one_of(RULES)} (default fedavg)"),
     "nfl_mode": ("nfl.mode", str, f"{one_of(NFL_MODES)} (default {NFL_MODES[0]})"),
-    "detector": ("nfl.detector", str, f"NFL detector: {one_of(DETECTORS)} (beta_hat: FL-GUARD, default; delta: "
-                                      "LINDT)"),
+    "detector": ("nfl.detector", str, f"NFL detector: {one_of(DETECTORS)} (beta_hat_plateau: FL-GUARD's rule "
+                                      "counting once beta_hat stopped rising, default; beta_hat: FL-GUARD as "
+                                      "published; delta: LINDT)"),
     "nr": ("nfl.nr", int, "beta_hat: report NFL after more than NR negative rounds"),
     "c": ("nfl.c", int, "beta_hat: average the last c round medians; cancel after c non-negative rounds"),
     "epsilon": ("nfl.epsilon", float, "delta: the threshold epsilon on delta"),

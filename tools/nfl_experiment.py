@@ -94,6 +94,10 @@ def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir
            "--rounds", str(rounds), "--private-epochs", str(private_epochs)]
     if args.device:
         cmd += ["--device", args.device]
+    if getattr(args, "detector", ""):
+        cmd += ["--server-set", f"nfl.detector='{args.detector}'"]
+    if getattr(args, "torch_threads", None):
+        cmd += ["--torch-threads", str(args.torch_threads)]
     return cmd
 
 
@@ -116,8 +120,11 @@ def _resolved(env: str, args: argparse.Namespace) -> tuple[int, int, int, int]:
 def run_spec(env: str, arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """What defines a run, kept in its record: a run directory is resumed only by the same spec."""
     rounds, nr, c, private_epochs = _resolved(env, args)
-    return {"experiment": "nfl", "env": env, "arm": arm, "seed": seed, "config": ENVS[env], "rounds": rounds,
+    spec = {"experiment": "nfl", "env": env, "arm": arm, "seed": seed, "config": ENVS[env], "rounds": rounds,
             "nr": nr, "c": c, "private_epochs": private_epochs, "arm_args": ALL_ARMS[arm]}
+    if getattr(args, "detector", ""):  # named only when given, so that earlier campaigns' records still match
+        spec["detector"] = args.detector
+    return spec
 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
@@ -491,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
                         "longest finished run of its (env, arm) says would pass it, and stop (resumably) what "
                         "still runs then")
     r.add_argument("--device", default="")
+    r.add_argument("--detector", default="",
+                   help="nfl.detector (default: the server's, beta_hat_plateau; beta_hat: the paper's rule, which "
+                        "every committed campaign before 2026-11-25 ran with)")
+    r.add_argument("--torch-threads", type=int, default=None,
+                   help="torch threads of each client process (default: the launcher's); 1 on a shared machine")
     r.add_argument("--sampling-timeout", type=float, default=3600.0,
                    help="rounds.sampling_timeout_s: how long round 1 waits for the fleet (private models first)")
     s = sub.add_parser("summarize")

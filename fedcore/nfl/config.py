@@ -35,8 +35,12 @@ class NflConfig:
     # detect-and-recover (default) | always-recover | off; see the constants above.
     mode: str = DETECT_AND_RECOVER
     # The server's NFL detector, by registered name (fedcore.nfl.detectors.DETECTORS): "beta_hat" (FL-GUARD §4.1,
-    # the median of the clients' β̂ᵢ averaged over the last c rounds) or "delta" (LINDT §3.4, Δ = w_div − ‖noise‖).
-    detector: str = "beta_hat"
+    # the median of the clients' β̂ᵢ averaged over the last c rounds, the paper's rule as published),
+    # "beta_hat_plateau" (default: the paper's rule, counting only once β̂ has stopped rising, so that the start-up
+    # rounds, when the young global model is still worse than the private models, raise no report;
+    # docs/results/nfl_guard.md), "beta_hat_warmup", "beta_hat_cusum" (the other guards compared there) or
+    # "delta" (LINDT §3.4, Δ = w_div − ‖noise‖).
+    detector: str = "beta_hat_plateau"
     # beta_hat: NFL is reported when β̂ < 0 has been observed in more than nr rounds (a count, not necessarily
     # consecutive), i.e. at the (nr+1)-th negative round. FL-GUARD Table 3: 50 (CIFAR-like), 70 (Shakespeare-like).
     nr: int = 50
@@ -55,6 +59,17 @@ class NflConfig:
     # has been observed in this many consecutive rounds (the paper uses 10). 0 disables the stop rule (recovery,
     # once started, then never stops, as with long-term). Ignored by the beta_hat detector.
     delta_stop_rounds: int = 10
+    # beta_hat_warmup: the first `warmup` rounds with a β̂ (the start-up, while the young global model is still
+    # worse than the clients' private models) neither count nor stay in the β̂ window.
+    warmup: int = 5
+    # beta_hat_plateau: counting starts once β̂ has stopped rising -- at the first round where the mean of the
+    # last k round medians is not above the mean of the k before them (k = plateau_rounds); the β̂ window
+    # restarts there. docs/results/nfl_guard.md compares the guards.
+    plateau_rounds: int = 2
+    # beta_hat_cusum: one-sided CUSUM on the round medians, S = max(0, S - median - cusum_k); NFL is reported when
+    # S > cusum_h.
+    cusum_k: float = 0.05
+    cusum_h: float = 2.0
 
     def validate(self, prefix: str = "nfl") -> NflConfig:
         """Check every field (:func:`validate_nfl_config`); returns ``self``."""
@@ -84,3 +99,9 @@ def validate_nfl_config(c: NflConfig, prefix: str = "nfl") -> None:
           f"one of {', '.join(repr(s) for s in RECOVERY_STRATEGIES)}, got {c.recovery!r}")
     check(is_int(c.delta_stop_rounds) and c.delta_stop_rounds >= 0, "delta_stop_rounds",
           f"must be an integer >= 0 (0 disables the stop rule), got {c.delta_stop_rounds!r}")
+    check(is_int(c.warmup) and c.warmup >= 0, "warmup", f"must be an integer >= 0, got {c.warmup!r}")
+    check(is_int(c.plateau_rounds) and c.plateau_rounds >= 1, "plateau_rounds",
+          f"must be an integer >= 1, got {c.plateau_rounds!r}")
+    for name, v, low in (("cusum_k", c.cusum_k, -math.inf), ("cusum_h", c.cusum_h, 0.0)):
+        check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= low, name,
+              f"must be a finite number{'' if low == -math.inf else ' >= 0'}, got {v!r}")

@@ -123,6 +123,9 @@ class NflState:
     rounds toward a cancel (β̂ >= 0) or a stop (Δ < ε). ``medians``: the last c round medians; ``beta_hat`` their
     mean (None before the first). ``delta``: the latest Δ. ``last_round``: the last round observed (0: none).
     ``reported_round`` / ``cancelled_round`` / ``stopped_round``: the rounds of the latest such transition.
+    Start-up guards (``beta_hat_warmup``, ``beta_hat_plateau``): ``armed_round`` is the round the guard let
+    counting begin (None: still in the start-up); ``startup_seen`` the rounds observed before it; ``startup`` the
+    last ``2 * plateau_rounds`` medians before it (plateau). ``cusum``: the CUSUM statistic (``beta_hat_cusum``).
     """
 
     detector: str = "beta_hat"
@@ -138,6 +141,10 @@ class NflState:
     reported_round: int | None = None
     cancelled_round: int | None = None
     stopped_round: int | None = None
+    armed_round: int | None = None
+    startup_seen: int = 0
+    startup: list[float] = field(default_factory=list)
+    cusum: float = 0.0
     history: list[NflRecord] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,6 +157,7 @@ class NflState:
         check_known_fields(cls, d, "NFL state")
         d = dict(d)
         d["medians"] = list(d.get("medians", []))
+        d["startup"] = list(d.get("startup", []))
         try:
             d["history"] = [NflRecord(**h) for h in d.get("history", [])]
         except TypeError as e:
@@ -214,15 +222,26 @@ def beta_hat_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[N
     """FL-GUARD §4.1 "NFL Detection" (1)–(2) over the running β̂ (Eq. 5); see the module docstring."""
     if obs.beta_hat is None or s.beta_hat is None:
         return []
-    r, b = obs.round, s.beta_hat
+    return _count_or_cancel(s, obs.round, s.beta_hat, config, "beta_hat")
+
+
+def _count_or_cancel(s: NflState, r: int, b: float, config: NflConfig, name: str) -> list[NflEvent]:
+    """The paper's rule for one observed round with running β̂ ``b``: count a negative β̂ (report at count > NR)
+    or, while reported, count the run of β̂ >= 0 toward the cancel at c."""
     if not s.reported:
         if b < 0:
             s.count += 1
             if s.count > config.nr:
                 s.reported = s.recovery = True
                 s.consecutive_ok, s.reported_round = 0, r
-                return [NflEvent(REPORTED, r, b, s.count, "beta_hat")]
+                return [NflEvent(REPORTED, r, b, s.count, name)]
         return []
+    return _toward_cancel(s, r, b, config, name)
+
+
+def _toward_cancel(s: NflState, r: int, b: float, config: NflConfig, name: str) -> list[NflEvent]:
+    """While reported: a round with β̂ >= 0 extends the run toward the cancel at c, one with β̂ < 0 resets it; at
+    the cancel ``count`` (and the CUSUM statistic) restart from 0, short-term recovery stops."""
     if b < 0:
         s.consecutive_ok = 0
         return []
@@ -230,12 +249,73 @@ def beta_hat_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[N
     if s.consecutive_ok < config.c:
         return []
     ok = s.consecutive_ok
-    events = [NflEvent(CANCELLED, r, b, ok, "beta_hat")]
-    s.reported, s.count, s.consecutive_ok, s.cancelled_round = False, 0, 0, r
+    events = [NflEvent(CANCELLED, r, b, ok, name)]
+    s.reported, s.count, s.consecutive_ok, s.cancelled_round, s.cusum = False, 0, 0, r, 0.0
     if config.recovery == SHORT_TERM and s.recovery:
         s.recovery, s.stopped_round = False, r
-        events.append(NflEvent(STOPPED, r, b, ok, "beta_hat"))
+        events.append(NflEvent(STOPPED, r, b, ok, name))
     return events
+
+
+def _guarded(armed: Callable[[NflState, float, NflConfig], bool], name: str) -> DetectorStep:
+    """The paper's rule behind a start-up guard: until ``armed(state, median, config)`` says the start-up is over,
+    a round neither counts nor stays in the β̂ window; at the arming round the window restarts with that round's
+    median (the start-up medians leave β̂), and from then on the paper's rule runs unchanged."""
+
+    def detector(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
+        m = obs.beta_hat
+        if m is None:
+            return []
+        if s.armed_round is None:
+            s.startup_seen += 1
+            if not armed(s, m, config):
+                return []
+            s.armed_round, s.startup = obs.round, []
+            s.medians, s.beta_hat = [m], m
+        return _count_or_cancel(s, obs.round, m if s.beta_hat is None else s.beta_hat, config, name)
+
+    return detector
+
+
+def _warmup_over(s: NflState, m: float, config: NflConfig) -> bool:
+    """Armed at the first observed round after ``warmup`` observed rounds."""
+    return s.startup_seen > config.warmup
+
+
+def _plateau_reached(s: NflState, m: float, config: NflConfig) -> bool:
+    """Armed once β̂ has stopped rising: the mean of the last k round medians (this one included) is not above the
+    mean of the k before them (k = ``plateau_rounds``; needs 2k observed rounds)."""
+    k = config.plateau_rounds
+    s.startup.append(m)
+    del s.startup[:-2 * k]
+    if len(s.startup) < 2 * k:
+        return False
+    return math.fsum(s.startup[k:]) <= math.fsum(s.startup[:k])
+
+
+register_detector("beta_hat_warmup", _guarded(_warmup_over, "beta_hat_warmup"))
+register_detector("beta_hat_plateau", _guarded(_plateau_reached, "beta_hat_plateau"))
+
+
+@DETECTORS.register("beta_hat_cusum")
+def beta_hat_cusum_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
+    """One-sided CUSUM on the round medians (no start-up guard): S = max(0, S − m − k); NFL is reported when
+    S > h. ``count``: the rounds with m < −k since the last reset. While reported, the paper's cancel rule (c
+    consecutive rounds with the running β̂ >= 0), after which S and ``count`` restart from 0."""
+    m = obs.beta_hat
+    if m is None or s.beta_hat is None:
+        return []
+    r = obs.round
+    if s.reported:
+        return _toward_cancel(s, r, s.beta_hat, config, "beta_hat_cusum")
+    s.cusum = max(0.0, s.cusum - m - config.cusum_k)
+    if m < -config.cusum_k:
+        s.count += 1
+    if s.cusum <= config.cusum_h:
+        return []
+    s.reported = s.recovery = True
+    s.consecutive_ok, s.reported_round = 0, r
+    return [NflEvent(REPORTED, r, s.cusum, s.count, "beta_hat_cusum")]
 
 
 @DETECTORS.register("delta")

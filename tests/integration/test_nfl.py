@@ -82,9 +82,10 @@ def test_off_unreported_detection_and_always_recover_give_bit_identical_global_m
 
 
 def test_nfl_is_reported_recovery_reaches_the_clients_and_holdouts_never_adapt(tmp_path: Path) -> None:
-    """NR = 1: the second round with a negative running beta_hat reports NFL; the next rounds' tasks carry the
-    recovery flag; client-4 opts out and never adapts; client-0 fabricates beta_hat = +1 and the median holds."""
-    cfg = _config(tmp_path, "nfl", rounds=5, nr=1, c=50)
+    """NR = 1 (the paper's rule, detector beta_hat): the second round with a negative running beta_hat reports
+    NFL; the next rounds' tasks carry the recovery flag; client-4 opts out and never adapts; client-0 fabricates
+    beta_hat = +1 and the median holds."""
+    cfg = _config(tmp_path, "nfl", rounds=5, nr=1, c=50, detector="beta_hat")  # the paper's rule as published
     options = {4: {"opt_out": True}, 0: {"attack": AttackConfig(fake_beta_hat=1.0)}}
     status, summaries = _run(cfg, options)
     rows = _rows(cfg)
@@ -106,12 +107,14 @@ def test_nfl_is_reported_recovery_reaches_the_clients_and_holdouts_never_adapt(t
 
 
 def test_the_detector_state_survives_a_server_restart(tmp_path: Path) -> None:
-    """3 rounds, a restart on the same run dir, 2 more: the same detector state as 5 rounds in one go."""
-    straight = _config(tmp_path, "straight", rounds=5, nr=1000)
+    """3 rounds, a restart on the same run dir, 2 more: the same detector state as 5 rounds in one go. The paper's
+    rule (beta_hat), whose negative count is already > 0 by then (the default's start-up guard may still be waiting
+    at round 5; the guards' state across save/load is pinned in tests/unit/test_nfl_guard.py)."""
+    straight = _config(tmp_path, "straight", rounds=5, nr=1000, detector="beta_hat")
     status_straight, _ = _run(straight)
-    first = _config(tmp_path, "resumed", rounds=3, nr=1000)
+    first = _config(tmp_path, "resumed", rounds=3, nr=1000, detector="beta_hat")
     _run(first)
-    resumed = _config(tmp_path, "resumed", rounds=5, nr=1000)
+    resumed = _config(tmp_path, "resumed", rounds=5, nr=1000, detector="beta_hat")
     status_resumed, _ = _run(resumed)
     assert status_resumed.resumed_from == 3
     assert status_resumed.nfl == status_straight.nfl

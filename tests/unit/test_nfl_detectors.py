@@ -64,7 +64,7 @@ def _json_trip(s: NflState) -> NflState:
 # ---- FL-GUARD β̂ detector ----
 
 def test_beta_hat_reports_at_the_nr_plus_first_negative_round_counted_not_consecutively() -> None:
-    cfg = NflConfig(nr=3, c=1)  # c = 1: β̂ is the round's median
+    cfg = NflConfig(detector="beta_hat", nr=3, c=1)  # c = 1: β̂ is the round's median
     s, ev = _betas(cfg, [-1, 1, -1, 1, -1, 1, 1])
     assert ev == [] and s.count == 3 and not s.reported and not s.recovery  # NR negatives: not yet
     s, ev = _betas(cfg, [-1], s, first_round=8)
@@ -75,12 +75,12 @@ def test_beta_hat_reports_at_the_nr_plus_first_negative_round_counted_not_consec
 
 
 def test_nr_zero_reports_at_the_first_negative_round() -> None:
-    s, ev = _betas(NflConfig(nr=0, c=1), [0.0, 0.5, -0.25])
+    s, ev = _betas(NflConfig(detector="beta_hat", nr=0, c=1), [0.0, 0.5, -0.25])
     assert ev == [_ev(REPORTED, 3, -0.25, 1)] and s.count == 1  # β̂ = 0 is not negative
 
 
 def test_beta_hat_is_the_mean_of_the_last_c_medians_fewer_at_the_start() -> None:
-    cfg = NflConfig(nr=100, c=3)
+    cfg = NflConfig(detector="beta_hat", nr=100, c=3)
     s, _ = _betas(cfg, [3, -6, 0, 9, 3])
     assert [h.beta_hat for h in s.history] == [3.0, -1.5, -1.0, 1.0, 4.0]
     assert [h.median for h in s.history] == [3.0, -6.0, 0.0, 9.0, 3.0]
@@ -89,7 +89,7 @@ def test_beta_hat_is_the_mean_of_the_last_c_medians_fewer_at_the_start() -> None
 
 
 def test_the_negative_count_follows_the_running_beta_hat_not_the_round_median() -> None:
-    cfg = NflConfig(nr=100, c=2)
+    cfg = NflConfig(detector="beta_hat", nr=100, c=2)
     s, _ = _betas(cfg, [4, -1, -1, 1, -4, 1])
     # β̂: 4, 1.5, -1, 0, -1.5, -1.5: negative in rounds 3, 5 and 6 (round 2's negative median is outweighed,
     # round 6's positive median is not; β̂ = 0 is not negative)
@@ -98,7 +98,7 @@ def test_the_negative_count_follows_the_running_beta_hat_not_the_round_median() 
 
 
 def test_cancel_exactly_after_c_consecutive_non_negative_rounds() -> None:
-    cfg = NflConfig(nr=0, c=2)
+    cfg = NflConfig(detector="beta_hat", nr=0, c=2)
     s, ev = _betas(cfg, [-1, 3, -5, 7])
     # β̂: -1 (report), 1 (ok 1), -1 (run broken), 1 (ok 1)
     assert ev == [_ev(REPORTED, 1, -1.0, 1)]
@@ -110,7 +110,7 @@ def test_cancel_exactly_after_c_consecutive_non_negative_rounds() -> None:
 
 
 def test_count_restarts_after_a_cancel_and_a_second_report_needs_nr_plus_one_new_negatives() -> None:
-    cfg = NflConfig(nr=2, c=1)
+    cfg = NflConfig(detector="beta_hat", nr=2, c=1)
     s, ev = _betas(cfg, [-1, -1, -1, 1, -1, 1, -1])
     assert ev == [_ev(REPORTED, 3, -1.0, 3), _ev(CANCELLED, 4, 1.0, 1)]
     assert s.count == 2 and not s.reported  # 2 negatives since the cancel (without the restart: 5, reported)
@@ -120,7 +120,7 @@ def test_count_restarts_after_a_cancel_and_a_second_report_needs_nr_plus_one_new
 
 @pytest.mark.parametrize("recovery", ["long-term", "short-term"])
 def test_long_term_recovery_survives_a_cancel_short_term_stops_at_it(recovery: str) -> None:
-    cfg = NflConfig(nr=2, c=1, recovery=recovery)
+    cfg = NflConfig(detector="beta_hat", nr=2, c=1, recovery=recovery)
     s, ev = _betas(cfg, [-1, -1, -1, 1, -1, 1, -1, -1])
     reported = [False, False, True, False, False, False, False, True]
     assert [h.reported for h in s.history] == reported
@@ -204,7 +204,7 @@ def test_delta_recovery_never_stops_when_long_term_or_the_stop_rule_is_disabled(
 # ---- missing values, replays ----
 
 def test_missing_or_non_finite_medians_change_no_count_no_window_no_run() -> None:
-    cfg = NflConfig(nr=1, c=2)
+    cfg = NflConfig(detector="beta_hat", nr=1, c=2)
     s, ev = _betas(cfg, [-1, None, math.nan, -1])
     assert ev == [_ev(REPORTED, 4, -1.0, 2)]
     assert s.medians == [-1.0, -1.0] and s.last_round == 4
@@ -217,7 +217,7 @@ def test_missing_or_non_finite_medians_change_no_count_no_window_no_run() -> Non
 
 
 def test_a_replayed_or_earlier_round_changes_nothing() -> None:
-    cfg = NflConfig(nr=0, c=1)
+    cfg = NflConfig(detector="beta_hat", nr=0, c=1)
     s, _ = _betas(cfg, [1.0, 2.0])
     before = s.to_dict()
     for r in (2, 1, 0):
@@ -235,8 +235,8 @@ _ROUND_TRIP_ROWS: list[Row] = [(-1.0, 0.3), (0.25, None), (None, 0.05), (-0.5, 0
 
 
 @pytest.mark.parametrize("cfg", [
-    NflConfig(nr=1, c=2, recovery=SHORT_TERM),
-    NflConfig(nr=2, c=3),
+    NflConfig(detector="beta_hat", nr=1, c=2, recovery=SHORT_TERM),
+    NflConfig(detector="beta_hat", nr=2, c=3),
     NflConfig(detector="delta", epsilon=0.1, r_prime=1, recovery=SHORT_TERM, delta_stop_rounds=2),
 ])
 def test_json_round_trip_at_every_cut_gives_identical_behaviour(cfg: NflConfig) -> None:
@@ -256,12 +256,13 @@ _value = st.one_of(st.none(), st.floats(-3, 3, allow_nan=False, width=32), st.sa
 
 @settings(max_examples=60, deadline=None)
 @given(rows=st.lists(st.tuples(_value, _value), max_size=40), data=st.data(),
-       detector=st.sampled_from(["beta_hat", "delta"]), recovery=st.sampled_from(["long-term", "short-term"]),
+       detector=st.sampled_from(["beta_hat", "beta_hat_warmup", "beta_hat_plateau", "beta_hat_cusum", "delta"]),
+       recovery=st.sampled_from(["long-term", "short-term"]),
        nr=st.integers(0, 4), c=st.integers(1, 4), stop=st.integers(0, 3))
 def test_round_trip_property(rows: list[Row], data: st.DataObject, detector: str, recovery: str, nr: int, c: int,
                              stop: int) -> None:
     cfg = NflConfig(detector=detector, nr=nr, c=c, epsilon=0.5, r_prime=nr, recovery=recovery,
-                    delta_stop_rounds=stop)
+                    delta_stop_rounds=stop, warmup=nr, plateau_rounds=c, cusum_h=0.5 * nr)
     cut = data.draw(st.integers(0, len(rows)))
     ref, ref_ev = _feed(cfg, rows)
     s, ev1 = _feed(cfg, rows[:cut])
@@ -284,8 +285,9 @@ def test_state_from_dict_refuses_unknown_fields_and_events_serialize() -> None:
 # ---- registry ----
 
 def test_detectors_are_registered_by_name_and_custom_ones_plug_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert DETECTORS.names() == ["beta_hat", "delta"]
-    with pytest.raises(ValueError, match="unknown NFL detector 'gamma'; known: beta_hat, delta"):
+    assert DETECTORS.names() == ["beta_hat", "beta_hat_cusum", "beta_hat_plateau", "beta_hat_warmup", "delta"]
+    with pytest.raises(ValueError, match="unknown NFL detector 'gamma'; known: beta_hat, beta_hat_cusum, "
+                                         "beta_hat_plateau, beta_hat_warmup, delta"):
         DETECTORS.get("gamma")
     monkeypatch.setattr(DETECTORS, "_entries", dict(DETECTORS._entries))  # restored after the test
 
@@ -303,8 +305,9 @@ def test_detectors_are_registered_by_name_and_custom_ones_plug_in(monkeypatch: p
 
 def test_config_defaults_are_the_papers_values_and_validate() -> None:
     c = NflConfig().validate()
+    # the default detector is the paper's rule behind the start-up guard chosen in docs/results/nfl_guard.md
     assert (c.mode, c.detector, c.nr, c.c, c.epsilon, c.r_prime, c.recovery, c.delta_stop_rounds) == (
-        "detect-and-recover", "beta_hat", 50, 50, 0.1, 250, "long-term", 10)
+        "detect-and-recover", "beta_hat_plateau", 50, 50, 0.1, 250, "long-term", 10)
 
 
 @pytest.mark.parametrize(("name", "value"), [

@@ -267,6 +267,16 @@ def test_the_reduced_scale_table_is_recomputed_from_its_committed_rows() -> None
     assert committed == _summary(paths)
 
 
+def test_the_recovery_methods_table_is_recomputed_from_its_committed_rows() -> None:
+    """Including its abs(beta_hat - beta) column, over the last 10 rounds as its header says (issue 28)."""
+    res = ROOT / "docs" / "results"
+    committed = _md_rows(res / "recovery_methods.md", "<!-- summarize: begin -->")
+    assert len(committed) == 16
+    assert committed == _summary([res / "recovery_methods"])
+    head = next(line for line in (res / "recovery_methods.md").read_text().splitlines() if line.startswith("| env |"))
+    assert "abs(beta_hat - beta), last 10" in head
+
+
 def test_the_paper_scale_table_is_recomputed_from_its_committed_rows() -> None:
     res = ROOT / "docs" / "results"
     if not (res / "nfl_paper.md").exists() or not any((res / "nfl_paper").glob("*.rounds.jsonl")):

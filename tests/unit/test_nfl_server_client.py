@@ -54,7 +54,7 @@ def test_updates_without_beta_hat_do_not_count_for_the_median() -> None:
 
 
 def test_monitor_completes_the_report_and_its_state_round_trips() -> None:
-    cfg = NflConfig(nr=1, c=2)
+    cfg = NflConfig(detector="beta_hat", nr=1, c=2)
     mon = NflMonitor(cfg)
     r1, ev1 = mon.observe(RoundReport(round=1, beta_hat=-0.5))
     assert (r1.nfl, r1.nfl_count, r1.recovery, r1.beta_hat_avg, ev1) == ("watching", 1, False, -0.5, [])
