@@ -39,7 +39,8 @@ class RunDirError(RuntimeError):
 
 def finished(run_dir: Path) -> bool:
     """Whether the run's server completed its federation: its last ``federation.finished`` log event says
-    "completed" (a stalled federation writes its final model too, and is resumed by running it again)."""
+    "completed", or "dp_budget" (its privacy budget is spent: running it again runs no round). A stalled federation
+    writes its final model too, and is resumed by running it again."""
     if not (run_dir / "final_model.fgt").exists():
         return False
     log = run_dir / "server.log"
@@ -50,7 +51,7 @@ def finished(run_dir: Path) -> bool:
                 event = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            return bool(event.get("outcome", "completed") == "completed")
+            return event.get("outcome", "completed") in ("completed", "dp_budget")
     return False
 
 

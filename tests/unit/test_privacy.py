@@ -146,3 +146,13 @@ def test_a_round_without_a_sensitivity_leaves_no_guarantee(tmp_path: Path) -> No
     assert r.dp_epsilon == math.inf and stop and mon.stop_required
     assert mon.observe(_report(3))[0].dp_epsilon == math.inf  # it never comes back
     assert privacy.AccountantState.from_dict(strict_loads(json.dumps(mon.save()["accountant"]))) == mon.state
+
+
+def test_experiment_runners_count_a_spent_budget_as_finished(tmp_path: Path) -> None:
+    from tools.runs import finished
+
+    (tmp_path / "final_model.fgt").write_bytes(b"x")
+    log = tmp_path / "server.log"
+    for outcome, done in (("dp_budget", True), ("stalled", False), ("completed", True)):
+        log.write_text(json.dumps({"event": "federation.finished", "outcome": outcome}) + "\n")
+        assert finished(tmp_path) is done, outcome
