@@ -427,6 +427,18 @@ def _jsonl_rows(run_dir: Path, after: int) -> list[RoundReport]:
     return rows
 
 
+def _ended_by_dp_budget(log: Path, max_bytes: int = 64 << 10) -> bool:
+    """The server's last ``federation.finished`` event says its DP budget was spent (outcome ``dp_budget``)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - max_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return False
+    finished = [line for line in lines if '"federation.finished"' in line]
+    return bool(finished) and '"dp_budget"' in finished[-1]
+
+
 def last_error(log: Path, max_bytes: int = 256 << 10) -> str:
     """A process's last error from its log: the exception line of its last traceback, its last line from a CLI
     (``fedserver: ...``, ``fedclient: ...``), and its last error-level JSON log event; "" when there is none."""
@@ -1194,6 +1206,11 @@ def _launch(args: argparse.Namespace, run_dir: Path, t0: float, num_rounds: int)
     where = f"; final model {model}" if rc == 0 and model.exists() else ""
     print(f"server exit {rc}; client hosts ok {len(codes) - len(bad)}/{len(codes)}{lost}; "
           f"wall {time.monotonic() - t0:.1f} s{where}", flush=True)
+    if rc == 0 and outcome.history and _ended_by_dp_budget(run_dir / "server.log"):
+        last = outcome.history[-1]
+        print(f"launch: the privacy budget is spent: epsilon {last.dp_epsilon:.4g} (delta {last.dp_delta:g}) after "
+              f"round {last.round} exceeds dp.max_epsilon, so the federation ended there (docs/privacy.md)",
+              flush=True)
     if outcome.failed:
         print(f"launch: the federation was stopped because a client failed; fix the cause, then resume with:\n"
               f"  {resume_command(run_dir)}", file=sys.stderr, flush=True)
