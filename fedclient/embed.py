@@ -87,11 +87,10 @@ class Published:
     # ---- written by the client thread ----
 
     def set_template(self, model: nn.Module) -> None:
-        """A CPU copy of the client's model architecture (its weights are always replaced before use)."""
-        template = copy.deepcopy(model).to("cpu")
-        template.eval()
+        """The client's model: :meth:`served` copies it for its architecture only (every weight and buffer is then
+        replaced from the published tensors), so no copy is kept per client (a launcher runs 1,000 in a process)."""
         with self._lock:
-            self._template = template
+            self._template = model
 
     def publish(self, view: InferenceView, nfl: ClientNflState) -> ClientNflState:
         """Publish ``view`` and ``nfl``; returns the previous NFL state."""
@@ -122,8 +121,10 @@ class Published:
         if template is None or view is None:
             raise ModelNotReady("no model yet: the client has not received its first task from the federation "
                                 "(wait for on_model, or for client.nfl_state.round > 0)")
-        model = copy.deepcopy(template)
+        model = copy.deepcopy(template).to("cpu")  # the architecture; the client may be training the original
+        model.zero_grad(set_to_none=True)
         model.load_state_dict(view.received)
+        model.eval()
         want_adapted = view.serving_adapted if kind is None else kind == "adapted"
         if want_adapted and view.tstate is not None:
             personal = self._local.personal_module(view.tstate, model, view.received)

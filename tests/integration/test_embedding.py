@@ -303,4 +303,4 @@ def test_run_async_is_cancelled_cleanly(tmp_path: Path) -> None:
         client = asyncio.run(app())
         assert client.summary.rounds_trained >= 1 and not client.summary.finished
         assert srv.call(lambda: coord.state.clients["async"].alive) is False  # it left
-        assert srv.latest_report() is not None
+        assert srv.wait_for_round(1, timeout=30).round >= 1 and srv.latest_report() is not None
