@@ -592,7 +592,7 @@ class FedClient(EmbeddingApi):
         started = time.monotonic()
         with self._heartbeating():
             try:
-                self._task_received(round_, state, bool(header.recovery), self._fed)
+                self._task_received(round_, state, bool(header.recovery), self._fed, self.model)
                 out = self.local.run(self.model, self.data, self._train_data or self.data, self._fed, round_,
                                      bool(header.recovery), header.learning_rate or None, self.private_accuracy)
             except LocalRoundError as e:

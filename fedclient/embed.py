@@ -247,11 +247,14 @@ class EmbeddingApi:
                           server_recovery=new.server_recovery, own_decision=new.own_decision)
             self.callbacks.fire("state_change", old, new)
 
-    def _task_received(self, round_: int, received: dict[str, Any], recovery_flag: bool, fed: Any) -> None:
-        """A task arrived (its model already loaded): publish the new global model and the NFL state it implies."""
+    def _task_received(self, round_: int, received: dict[str, Any], recovery_flag: bool, fed: Any,
+                       model: nn.Module) -> None:
+        """A task arrived (``model`` holds its weights): publish the new global model and the NFL state it implies
+        (vᵢ kept in the state dir is served again from a restarted client's first task)."""
+        self.local.ensure_trainer(fed)
         recovering, own = self.local.recovering(fed, recovery_flag)
-        tstate = self.local.trainer_state
-        serving = self.local.serves_adapted(tstate is not None and tstate.adapted is not None, recovering)
+        tstate = self.local.trainer_state(model)
+        serving = self.local.serves_adapted(tstate.adapted is not None, recovering)
         self._publish(InferenceView(round_, received, tstate, recovery_flag, recovering, own, serving))
         if self.callbacks.wants("model"):
             self.callbacks.fire("model", "global", self.published.served("global").model)

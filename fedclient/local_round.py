@@ -115,6 +115,11 @@ class LocalRound:
         if not self.config.trainer:
             self._trainer = make_trainer(name, options)
 
+    def ensure_trainer(self, fed: FederationInfo) -> None:
+        """The federation's announced method unless a trainer is already chosen."""
+        if self._trainer is None:
+            self.use_method(fed.recovery_method, fed.recovery_options)
+
     # ---- state ----
 
     def _trainer_state(self, model: nn.Module) -> TrainerState:
@@ -141,10 +146,10 @@ class LocalRound:
     def adapting_on_its_own(self) -> bool:
         return self._individual is not None and self._individual.adapting
 
-    @property
-    def trainer_state(self) -> TrainerState | None:
-        """The trainer state after the last round (None before the first one, unless loaded)."""
-        return self._tstate
+    def trainer_state(self, model: nn.Module) -> TrainerState:
+        """The trainer state the next round starts from: the last round's, else the state dir's, else a new one
+        (``model``: the client's model, for a new state's frozen-layer keys)."""
+        return self._trainer_state(model)
 
     def recovering(self, fed: FederationInfo, recovery_flag: bool) -> tuple[bool, bool]:
         """(whether the client runs its recovery method given the task's flag and its individual state as it
@@ -176,8 +181,7 @@ class LocalRound:
             recovery_flag: bool, learning_rate: float | None, private_accuracy: float | None) -> RoundOutcome:
         """Run round ``round_`` with the received model loaded in ``model``; ``model`` ends as the update."""
         cfg = self.config
-        if self._trainer is None:
-            self.use_method(fed.recovery_method, fed.recovery_options)
+        self.ensure_trainer(fed)
         tstate = start_state = self._trainer_state(model)
         received = model.state_dict()
         before = {k: v.detach().clone() for k, v in received.items()}  # the hook's w^{r-1} (training changes model)

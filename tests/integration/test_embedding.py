@@ -304,3 +304,32 @@ def test_run_async_is_cancelled_cleanly(tmp_path: Path) -> None:
         assert client.summary.rounds_trained >= 1 and not client.summary.finished
         assert srv.call(lambda: coord.state.clients["async"].alive) is False  # it left
         assert srv.wait_for_round(1, timeout=30).round >= 1 and srv.latest_report() is not None
+
+
+def test_a_restarted_client_serves_its_kept_adapted_model_from_its_first_task(tmp_path: Path) -> None:
+    """v_i lives in the client's state dir: after a restart (a new process, here a new FedClient on the same state
+    dir, in a new federation) the client serves it from the first task on, not only after a round of training."""
+    state_dir = str(tmp_path / "device")
+
+    def run(name: str, rounds: int) -> tuple[list[ClientNflState], list[str], FedClient]:
+        cfg = server_config(tmp_path / name, rounds={"num_rounds": rounds, "clients_per_round": 1,
+                                                     "min_available": 1},
+                            nfl={"mode": "always-recover"})
+        states: list[ClientNflState] = []
+        kinds: list[str] = []
+        with ServerThread(cfg, linger_s=0.3) as srv:
+            client = FedClient(ClientConfig(insecure=True, server=srv.address, client_id="device", data_index=0,
+                                            long_poll_s=5.0, state_dir=state_dir),
+                               on_state_change=lambda old, new: states.append(new))
+            client.on_model(lambda kind, model: kinds.append(kind))
+            client.start()
+            srv.wait(60)
+            client.join(30)
+        return states, kinds, client
+
+    states, kinds, _ = run("first", 2)  # no v_i at the first task; v_i after the first round's training
+    assert [(s.round, s.recovering, s.serving_adapted) for s in states] == [(1, True, False), (1, True, True)]
+    assert kinds == ["global", "adapted", "global", "adapted"]
+    states, kinds, client = run("second", 1)  # v_i from the state dir at once
+    assert [(s.round, s.recovering, s.serving_adapted) for s in states] == [(1, True, True)]
+    assert kinds == ["global", "adapted"] and client.served_model().kind == "adapted"
