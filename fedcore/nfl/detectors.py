@@ -38,6 +38,22 @@ FL-GUARD β̂ detector (``"beta_hat"``, FL-GUARD §4.1 "NFL Detection", Algorith
   cancel (and a later report re-reports with the flag already on); short-term clears it at the cancel
   (``recovery.stopped`` right after ``nfl.cancelled``, same round) and a later report sets it again.
 
+Start-up guards in front of the β̂ rule (issue 28; docs/results/nfl_guard.md compares them on recorded runs). In a
+healthy federation's first rounds the young global model is worse than every private model, so β̂ < 0 and the
+paper's rule counts those rounds (at NR = c = 10 it reports NFL at round 11 in every ideal run). Each guard keeps
+the paper's rule and changes only what it counts:
+
+- ``"beta_hat_plateau"`` (the default): a round is counted only once β̂ has stopped rising -- at the first round
+  where the mean of the last k round medians is not above the mean of the k before them (k = ``plateau_rounds``,
+  2k observed rounds needed). That round is ``armed_round``; the β̂ window restarts there with its median, so the
+  start-up medians leave β̂, and from then on the rule above runs unchanged (report, cancel, short-term stop).
+  The guard arms once per run (a cancel does not re-arm it).
+- ``"beta_hat_warmup"``: the same, armed at the first observed round after ``warmup`` observed rounds.
+- ``"beta_hat_cusum"``: no guard but a sequential test on the round medians m: S = max(0, S − m − k), NFL
+  reported when S > h (``cusum_k``, ``cusum_h``; event ``value`` = S, ``count`` = rounds with m < −k since the last
+  reset); while reported, the β̂ rule's cancel (c consecutive rounds with β̂ >= 0), after which S and the count
+  restart from 0.
+
 LINDT Δ detector (``"delta"``, LINDT §3.4.1 and Algorithm 2 s6–s11, appendix C.7), per round with a Δ:
 
 - Δ > ε increments ``count`` (every such round, reported or not, as in Algorithm 2 s8–s9); when ``count > r_prime``
