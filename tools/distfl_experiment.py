@@ -126,8 +126,6 @@ def purity(truth: dict[str, int], assignment: dict[str, str]) -> float:
 def summarize(args: argparse.Namespace) -> int:
     import tomllib
 
-    from fedcore.distfl import adjusted_rand_index
-
     base = Path(args.dir)
     lines = ["| scenario | arm | seeds | rounds | local acc (benign) | Local (benign) | clusters | ARI | purity | "
              "benign-cluster / global ACC | ASR |", "|" + " --- |" * 11]
@@ -135,45 +133,52 @@ def summarize(args: argparse.Namespace) -> int:
         config = tomllib.loads((ROOT / cfg_path).read_text())
         n = int(config["launch"]["clients"])
         for arm in ARMS:
-            names = sorted(p.name for p in base.glob(f"{scenario}-{arm}-s*") if read_rows(p))
-            if not names:
-                continue
-            acc, local, clusters, aris, purities, accs, asrs, reached = [], [], [], [], [], [], [], []
-            for name in names:
-                run_dir = base / name
-                seed = int(name.rsplit("-s", 1)[1])
-                rows = read_rows(run_dir)
-                tail = rows[-10:]
-                reached.append(str(len(rows)))
-                acc.append(finite_mean([r.get("test_accuracy_benign", math.nan) for r in tail]))
-                local.append(finite_mean([r.get("test_accuracy_benign", math.nan) - r.get("beta_benign", math.nan)
-                                    for r in tail]))
-                models, slot = _final(run_dir)
-                assignment = dict(slot.get("state", {}).get("assignment", {}))
-                clusters.append(float(len(set(assignment.values()))) if assignment else math.nan)
-                truth = _truth(scenario, config, seed, n)
-                if truth is not None and assignment:
-                    ids = sorted(assignment)
-                    aris.append(adjusted_rand_index([truth[c] for c in ids], [assignment[c] for c in ids]))
-                    purities.append(purity({c: truth[c] for c in ids}, assignment))
-                if scenario == "mnist-flip" and models:
-                    if arm.startswith("distfl") and assignment and truth is not None:
-                        benign = [assignment[c] for c in assignment if truth[c] == 0]
-                        model_id = max(sorted(set(benign)), key=benign.count)
-                    else:
-                        model_id = "global"
-                    a, s = _flip_metrics(config, seed, models[model_id])
-                    accs.append(a)
-                    asrs.append(s)
-            lines.append(f"| {scenario} | {arm} | {len(names)} | {'/'.join(reached)} | {fmt(finite_mean(acc))} | "
-                         f"{fmt(finite_mean(local))} | {fmt(finite_mean(clusters))} | {fmt(finite_mean(aris))} | "
-                         f"{fmt(finite_mean(purities))} | "
-                         f"{fmt(finite_mean(accs))} | {fmt(finite_mean(asrs))} |")
+            all_names = sorted(p.name for p in base.glob(f"{scenario}-{arm}-s*") if read_rows(p))
+            for names in ([[name] for name in all_names] if args.per_seed else [all_names] if all_names else []):
+                lines.append(_summary_row(base, scenario, arm, config, n, names))
     text = "\n".join(lines)
     print(text)
     if args.md:
         Path(args.md).write_text(text + "\n")
     return 0
+
+
+def _summary_row(base: Path, scenario: str, arm: str, config: dict[str, Any], n: int, names: list[str]) -> str:
+    """One table row: the means over the runs ``names`` (one per seed) of ``scenario``/``arm``."""
+    from fedcore.distfl import adjusted_rand_index
+
+    acc, local, clusters, aris, purities, accs, asrs, reached = [], [], [], [], [], [], [], []
+    for name in names:
+        run_dir = base / name
+        seed = int(name.rsplit("-s", 1)[1])
+        rows = read_rows(run_dir)
+        tail = rows[-10:]
+        reached.append(str(len(rows)))
+        acc.append(finite_mean([r.get("test_accuracy_benign", math.nan) for r in tail]))
+        local.append(finite_mean([r.get("test_accuracy_benign", math.nan) - r.get("beta_benign", math.nan)
+                                  for r in tail]))
+        models, slot = _final(run_dir)
+        assignment = dict(slot.get("state", {}).get("assignment", {}))
+        clusters.append(float(len(set(assignment.values()))) if assignment else math.nan)
+        truth = _truth(scenario, config, seed, n)
+        if truth is not None and assignment:
+            ids = sorted(assignment)
+            aris.append(adjusted_rand_index([truth[c] for c in ids], [assignment[c] for c in ids]))
+            purities.append(purity({c: truth[c] for c in ids}, assignment))
+        if scenario == "mnist-flip" and models:
+            if arm.startswith("distfl") and assignment and truth is not None:
+                benign = [assignment[c] for c in assignment if truth[c] == 0]
+                model_id = max(sorted(set(benign)), key=benign.count)
+            else:
+                model_id = "global"
+            a, s = _flip_metrics(config, seed, models[model_id])
+            accs.append(a)
+            asrs.append(s)
+    seeds = "/".join(name.rsplit("-s", 1)[1] for name in names)
+    return (f"| {scenario} | {arm} | {seeds} | {'/'.join(reached)} | {fmt(finite_mean(acc))} | "
+            f"{fmt(finite_mean(local))} | {fmt(finite_mean(clusters))} | {fmt(finite_mean(aris))} | "
+            f"{fmt(finite_mean(purities))} | "
+            f"{fmt(finite_mean(accs))} | {fmt(finite_mean(asrs))} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("summarize")
     s.add_argument("dir")
     s.add_argument("--md", default="")
+    s.add_argument("--per-seed", action="store_true", help="one row per seed instead of the mean over seeds")
     args = ap.parse_args(argv)
     try:
         return run(args) if args.cmd == "run" else summarize(args)
