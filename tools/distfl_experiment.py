@@ -36,8 +36,10 @@ if str(ROOT) not in sys.path:
 
 from tools.runs import RunDirError, finished, finite_mean, fmt, launch_run, read_rows  # noqa: E402
 
-SCENARIOS = {"cifar-types": "configs/distfl_cifar_types.toml", "mnist-types": "configs/distfl_mnist_types.toml",
-             "mnist-flip": "configs/distfl_mnist_flip.toml", "har": "configs/distfl_har.toml"}
+SCENARIOS = {"cifar-types": "configs/distfl_cifar_types.toml",
+             "cifar-types-small": "configs/distfl_cifar_types_small.toml",
+             "mnist-types": "configs/distfl_mnist_types.toml", "mnist-flip": "configs/distfl_mnist_flip.toml",
+             "har": "configs/distfl_har.toml"}
 ARMS = {"distfl": [], "distfl-fixed": ["--server-set", "distfl.threshold=fixed"],
         "distfl-gap": ["--server-set", "distfl.threshold=gap"],
         "distfl-silhouette": ["--server-set", "distfl.threshold=silhouette"],
