@@ -10,6 +10,9 @@ matrix, at the fixed τ = ``--tau`` and at the τ of the ``gap`` rule, the numbe
   model, its cluster is every unassigned model within τ of it (either KL direction), repeat;
 - SPEC §8's rule (:func:`fedcore.distfl.link_components`): the connected components of the same links.
 
+Also at the τ of the largest gap in *all* sorted pairwise link distances (``all-pairs-gap``, the first suggestion
+of issue 28), to show why the ``gap`` rule cuts the single-linkage merge heights instead.
+
 Every cluster of the paper's rule is linked to its first model, so it lies inside one union-find component: at
 the same τ the union-find rule never gives more clusters.
 """
@@ -43,6 +46,17 @@ def sequential_labels(p: list[list[float]], tau: float) -> list[int]:
     return labels
 
 
+def all_pairs_gap(p: list[list[float]]) -> float:
+    """Midpoint of the largest gap between consecutive sorted link distances d(i, j) = min(p[i][j], p[j][i]) over
+    all pairs i < j (ties: the lower pair)."""
+    n = len(p)
+    ds = sorted(min(p[i][j], p[j][i]) for i in range(n) for j in range(i + 1, n))
+    if len(ds) < 2:
+        raise ValueError("all_pairs_gap: needs at least three clients")
+    k = max(range(len(ds) - 1), key=lambda a: (ds[a + 1] - ds[a], -a))
+    return (ds[k] + ds[k + 1]) / 2
+
+
 def component_labels(p: list[list[float]], tau: float) -> list[int]:
     labels = [0] * len(p)
     for k, comp in enumerate(distfl.link_components(p, tau)):
@@ -62,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         d = json.loads(Path(path).read_text())
         truth = [int(t) for t in d["truth"]]
         for key, p in d["kl"].items():
-            for name in ("fixed", "gap"):
-                tau = distfl.choose_threshold(p, name, args.tau)
+            for name in ("fixed", "gap", "all-pairs-gap"):
+                tau = all_pairs_gap(p) if name == "all-pairs-gap" else distfl.choose_threshold(p, name, args.tau)
                 seq, uf = sequential_labels(p, tau), component_labels(p, tau)
                 print(f"| {Path(path).name} | {key} | {name} | {tau:.3g} | {len(set(seq))} / "
                       f"{distfl.adjusted_rand_index(truth, seq):.3f} | {len(set(uf))} / "
