@@ -21,6 +21,11 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._entries[name] = entry
 
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (a plugin unloaded, a test's temporary entry); unknown names raise ``error``."""
+        self.get(name)
+        del self._entries[name]
+
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator form of :meth:`add`."""
 

@@ -376,6 +376,11 @@ def register_rule(name: str, factory: RuleFactory, *, replace: bool = False) -> 
     _REGISTRY.add(name, factory, replace=replace)
 
 
+def unregister_rule(name: str) -> None:
+    """Undo :func:`register_rule`."""
+    _REGISTRY.remove(name)
+
+
 def rule_names() -> list[str]:
     return _REGISTRY.names()
 

@@ -316,9 +316,13 @@ def test_custom_rule_plugs_in_by_name() -> None:
             return RuleOutput(updates[0].clone(), num_excluded=int(updates.shape[0]) - 1, selected=(0,))
 
     register_rule("test_first_row", lambda c: FirstRow(), replace=True)
-    agg = make_aggregator(AggregationConfig(rule="test_first_row"), num_params=2, k=3)
-    agg.add(torch.tensor([1.0, 2.0]), 1)
-    agg.add(torch.tensor([5.0, 5.0]), 1)
-    res = agg.finalize(torch.zeros(2))
-    torch.testing.assert_close(res.new_global, torch.tensor([1.0, 2.0]))
-    assert res.selected == (0,)
+    try:
+        agg = make_aggregator(AggregationConfig(rule="test_first_row"), num_params=2, k=3)
+        agg.add(torch.tensor([1.0, 2.0]), 1)
+        agg.add(torch.tensor([5.0, 5.0]), 1)
+        res = agg.finalize(torch.zeros(2))
+        torch.testing.assert_close(res.new_global, torch.tensor([1.0, 2.0]))
+        assert res.selected == (0,)
+    finally:  # the registry is process-wide: later tests compare it with the help texts' lists
+        rules.unregister_rule("test_first_row")
+    assert "test_first_row" not in rules.rule_names()
