@@ -131,6 +131,16 @@ def table(out: Path, seeds: list[int]) -> tuple[str, bool]:
     return "\n".join(lines), complete and all(h for _, h, _ in checks)
 
 
+def recorded_command(run_dir: Path) -> str:
+    """The launcher command of the run's first sitting as its record has it (``python -m fedguard.launch ...``),
+    "-" when there is no record: what the table's runs ran, whatever ``tools/demo.sh`` says now."""
+    record = read_record(run_dir) if run_dir.is_dir() else None
+    if not record or not record["sittings"]:
+        return "-"
+    cmd = [str(c) for c in record["sittings"][0]["command"]]
+    return shlex.join(["python", *cmd[1:]])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
@@ -153,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                        "--run-dir", str(out / f"{mode}-s{seed}")]
                 launch_run(cmd, out / f"{mode}-s{seed}", args.timeout)
     text, ok = table(out, args.seeds)
-    print(f"demo: fedguard-launch {shlex.join(demo_args())}; on = as is, off = --nfl-mode off"
-          + (f"; extra: {shlex.join(extra)}" if extra else ""))
+    print(f"runs of: {recorded_command(out / f'on-s{args.seeds[0]}')} (seed {args.seeds[0]}, on; off adds "
+          f"--nfl-mode off)")
     print(text)
     return 0 if ok else 1
 

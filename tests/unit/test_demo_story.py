@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedcore.data import DataError, load_client_data
-from tools.demo_story import demo_args, figures, table, verdict
+from tools.demo_story import demo_args, figures, recorded_command, table, verdict
 
 
 def _agreement_with_common_concept(shared: float, seed: int = 3, clients: int = 8) -> float:
@@ -71,7 +71,7 @@ def test_shared_outside_zero_one_is_refused(bad: float) -> None:
 
 def test_demo_args_are_the_demo_scripts_launcher_command() -> None:
     args = demo_args()
-    assert args[:2] == ["--clients", "20"] and "--private-epochs" in args
+    assert args[0] == "--clients" and "--private-epochs" in args and "data.options.feature_shift=false" in args
     assert "--run-dir" not in args and "$@" not in args and "--seed" not in args and "--nfl-mode" not in args
 
 
@@ -110,3 +110,9 @@ def test_table_reads_run_directories(tmp_path: object) -> None:
     text, ok = table(out, [1])
     assert "| 1 | +0.050 | -0.100 |" in text
     assert not ok and "not every run has finished" in text  # no final model, no server log: not finished
+    assert recorded_command(out / "on-s1") == "-"  # no record
+    from tools.runs import write_record
+
+    write_record(out / "on-s1", {"spec": {}, "sittings": [{"command": ["/x/bin/python3", "-m", "fedguard.launch",
+                                                                      "--seed", "1"]}]})
+    assert recorded_command(out / "on-s1") == "python -m fedguard.launch --seed 1"
