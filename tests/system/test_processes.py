@@ -122,10 +122,12 @@ def test_launcher_virtual_mode_prints_one_row_per_round(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["round", "selected", "accepted"])
-    rows = [line.split() for line in lines[header + 1 : header + 4]]
-    assert [row[0] for row in rows] == ["1", "2", "3"]
+    columns = lines[header].split()
+    rows = [dict(zip(columns, line.split(), strict=True)) for line in lines[header + 1 : header + 4]]
+    assert [row["round"] for row in rows] == ["1", "2", "3"]
     # Without private models no client reports beta_hat_i: the detector watches and counts nothing.
-    assert all(row[1] == "3" and row[2] == "3" and row[3] == "0" and row[12] == "watching:0" for row in rows)
+    assert all(row["selected"] == "3" and row["accepted"] == "3" and row["rejected"] == "0"
+               and row["nfl"] == "watching:0" for row in rows)
     assert any(line.startswith("last 3 rounds: test_acc") for line in lines)
     assert "client hosts ok 2/2" in r.stdout
     assert (tmp_path / "run" / "final_model.fgt").exists()
