@@ -43,3 +43,11 @@ def test_every_relative_link_resolves(doc: Path) -> None:
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
             broken.append(f"{target} (no heading #{anchor} in {dest.relative_to(ROOT)})")
     assert not broken, f"{doc.relative_to(ROOT)}: broken links: {broken}"
+
+
+def test_the_readme_stays_a_front_page() -> None:
+    """The README is the two commands, the story, a quickstart and links (issue 29): at most 200 lines."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into docs/"
+    assert lines[2:6] == ["```bash", *lines[3:5], "```"] and lines[3].startswith("bash tools/demo.sh")
+    assert lines[4].startswith("bash tools/test.sh")
