@@ -117,10 +117,7 @@ def link_components(p: Matrix, tau: float) -> list[list[int]]:
     parent = list(range(n))
 
     def find(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
+        return _find_root(parent, a)
 
     for i in range(n):
         for j in range(i + 1, n):
@@ -132,6 +129,14 @@ def link_components(p: Matrix, tau: float) -> list[list[int]]:
     for i in range(n):
         groups.setdefault(find(i), []).append(i)
     return sorted(groups.values(), key=lambda g: g[0])
+
+
+def _find_root(parent: list[int], a: int) -> int:
+    """Union-find root of ``a`` with path halving (``parent`` is updated in place)."""
+    while parent[a] != a:
+        parent[a] = parent[parent[a]]
+        a = parent[a]
+    return a
 
 
 def _link_distance(rows: list[list[float]]) -> list[list[float]]:
@@ -153,10 +158,7 @@ def single_link_merges(p: Matrix) -> list[float]:
     parent = list(range(n))
 
     def find(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
+        return _find_root(parent, a)
 
     heights: list[float] = []
     for w, a, b in sorted((d[i][j], i, j) for i in range(n) for j in range(i + 1, n)):
