@@ -15,21 +15,22 @@ from typing import Any
 
 from fedcore import __version__
 
-__all__ = ["VersionAction", "__version__", "dependency_versions", "version_text"]
+__all__ = ["VersionAction", "__version__", "dependency_versions", "installed_version", "version_text"]
 
 _DEPENDENCIES = ("torch", "grpcio", "protobuf")
 
 
-def _installed(dist: str) -> str:
+def installed_version(dist: str, missing: str = "not installed") -> str:
+    """The installed version of distribution ``dist`` (from its metadata; nothing is imported), else ``missing``."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
-        return "not installed"
+        return missing
 
 
 def dependency_versions() -> dict[str, str]:
     """``{distribution: version}`` of what fedguard runs on (``"not installed"`` where one is missing)."""
-    return {dist: _installed(dist) for dist in _DEPENDENCIES}
+    return {dist: installed_version(dist) for dist in _DEPENDENCIES}
 
 
 def version_text(prog: str) -> str:

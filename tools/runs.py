@@ -141,12 +141,9 @@ def _git(*args: str) -> str:
 
 
 def _version(dist: str) -> str:
-    from importlib import metadata
+    from fedcore.about import installed_version
 
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return ""
+    return installed_version(dist, missing="")
 
 
 def versions() -> dict[str, Any]:
