@@ -12,7 +12,7 @@ import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 
@@ -149,11 +149,11 @@ class EmbeddingApi:
     can_train: Callable[[], bool] | None
     _ineligible_since: float | None
 
-    def run(self) -> Any:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by FedClient (the lifecycle); declared here for run_async and the type checker
 
-    def stop(self, timeout: float = 10.0) -> None:
-        raise NotImplementedError
+        def run(self) -> Any: ...
+
+        def stop(self, timeout: float = 10.0) -> None: ...
 
     # ---- models and state (thread-safe) ----
 
