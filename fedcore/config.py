@@ -12,18 +12,19 @@ import json
 import math
 import re
 import sys
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 from fedcore.aggregation import AggregationConfig, check_memory
 from fedcore.attacks import AttackConfig
 from fedcore.attacks.harness import SimulationHarnessConfig
 from fedcore.distfl.config import DistflConfig
+from fedcore.errors import ConfigError as ConfigError  # re-exported: the old import path keeps working
 from fedcore.nfl.config import NflConfig
+from fedcore.options import from_dict as from_dict  # re-exported
+from fedcore.options import to_dict as to_dict  # re-exported
 from fedcore.privacy import DpConfig
 from fedcore.simulation import SimulationConfig
 
@@ -31,14 +32,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message starts with the field's dotted path."""
-
-    def __init__(self, field_path: str, message: str) -> None:
-        super().__init__(f"{field_path}: {message}")
-        self.field = field_path
 
 
 @dataclass
@@ -663,76 +656,6 @@ def _valid_address(addr: str) -> bool:
 # ---- loading: dicts and TOML into dataclasses, with the field path in every error ----
 
 T = TypeVar("T")
-
-
-def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
-    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types are errors naming the field."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(path or "<root>", f"expected a table, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        fpath = f"{path}.{key}" if path else key
-        if key not in fields or not fields[key].init:
-            raise ConfigError(fpath, f"unknown field; known: {', '.join(sorted(fields))}")
-        kwargs[key] = _coerce(hints[key], value, fpath)
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(path or "<root>", str(e)) from None
-
-
-def _coerce(tp: Any, value: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return from_dict(tp, value, path)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(a, value, path)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(path, f"expected {tp}, got {value!r}")
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(path, f"expected a table, got {value!r}")
-        return dict(value)
-    if origin in (tuple, list) or tp in (tuple, list):
-        if not isinstance(value, Sequence) or isinstance(value, str):
-            raise ConfigError(path, f"expected a list, got {value!r}")
-        item_types = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        items = [_coerce(item_types[0], v, f"{path}[{i}]") for i, v in enumerate(value)] if item_types else list(value)
-        return tuple(items) if (origin or tp) is tuple else items
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(path, f"expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(path, f"expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(path, f"expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(path, f"expected a string, got {value!r}")
-    return value
-
-
-def to_dict(obj: Any) -> dict[str, Any]:
-    return dataclasses.asdict(obj)
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
