@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from fedcore import rounds
 from fedcore.config import FederationInfo, TrainingConfig
 from fedcore.report import DistflStatus, FederationStatus, NflStatus, RoundReport
 from fedcore.serialization import DEFAULT_CHUNK_BYTES, SerializationError, TensorMeta, iter_chunks
+from fedcore.update_report import UpdateReport, from_metrics_map
 from fedguard.v1 import fedguard_pb2 as pb
 
 _DTYPE_TO_PB: dict[str, Any] = {
@@ -117,27 +119,81 @@ def _json_object(raw: str, name: str) -> dict[str, Any]:
     return value
 
 
-# (name, type) of every RoundReport field but the maps (metrics, clusters); the types from the defaults (int,
-# float, str, bool).
+# ---- status codes: a name in fedcore <-> an enum value on the wire, plus the value's name when no enum value
+# holds it (a reply from a server older than the enum, or a value newer than this enum) ----
+
+class StatusCode:
+    """One status code's table: fedcore's name of each value <-> its protobuf enum number (never 0, the enum's
+    UNSPECIFIED)."""
+
+    def __init__(self, numbers: Mapping[str, int]) -> None:
+        self.numbers = dict(numbers)
+        self.names = {n: name for name, n in self.numbers.items()}
+
+    def to_pb(self, name: str) -> tuple[int, str]:
+        """(enum number, name field): the name travels only when the enum has no value for it."""
+        number = self.numbers.get(name)
+        return (number, "") if number is not None else (0, name)
+
+    def from_pb(self, number: int, name: str) -> str:
+        """The enum's value, else the name field (an older server's string, or a value newer than the enum)."""
+        return self.names.get(number, "") or name
+
+
+PHASES = StatusCode({rounds.SAMPLING: pb.FEDERATION_PHASE_SAMPLING, rounds.TRAINING: pb.FEDERATION_PHASE_TRAINING,
+                     rounds.AGGREGATING: pb.FEDERATION_PHASE_AGGREGATING,
+                     rounds.FINISHED: pb.FEDERATION_PHASE_FINISHED})
+FEDERATION_OUTCOMES = StatusCode({"completed": pb.FEDERATION_OUTCOME_COMPLETED,
+                                  "stalled": pb.FEDERATION_OUTCOME_STALLED,
+                                  "dp_budget": pb.FEDERATION_OUTCOME_DP_BUDGET})
+ROUND_OUTCOMES = StatusCode({"quorum": pb.ROUND_OUTCOME_QUORUM, "all_responded": pb.ROUND_OUTCOME_ALL_RESPONDED,
+                             "deadline": pb.ROUND_OUTCOME_DEADLINE})
+NFL_STATES = StatusCode({"off": pb.NFL_STATE_OFF, "always": pb.NFL_STATE_ALWAYS, "watching": pb.NFL_STATE_WATCHING,
+                         "reported": pb.NFL_STATE_REPORTED})
+NFL_MODES = StatusCode({"detect-and-recover": pb.NFL_MODE_DETECT_AND_RECOVER,
+                        "always-recover": pb.NFL_MODE_ALWAYS_RECOVER, "off": pb.NFL_MODE_OFF})
+
+# RoundReport's fields that travel as status codes: field -> its code table.
+_REPORT_CODES: dict[str, StatusCode] = {"outcome": ROUND_OUTCOMES, "nfl": NFL_STATES}
+# (name, type) of every other RoundReport field but the maps (metrics, clusters); the types from the defaults
+# (int, float, str, bool).
 _REPORT_FIELDS: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
     (f.name, type(f.default) if f.name != "round" else int) for f in dataclasses.fields(RoundReport)
-    if f.name not in ("metrics", "clusters"))
+    if f.name not in ("metrics", "clusters", *_REPORT_CODES))
+
+
+def _codes_to_pb(value: object, codes: Mapping[str, StatusCode]) -> dict[str, Any]:
+    """The enum and name fields (``X`` and ``X_name``) of ``value``'s status-code attributes."""
+    out: dict[str, Any] = {}
+    for name, code in codes.items():
+        out[name], out[f"{name}_name"] = code.to_pb(getattr(value, name))
+    return out
+
+
+def _codes_from_pb(p: Any, codes: Mapping[str, StatusCode]) -> dict[str, Any]:
+    return {name: code.from_pb(getattr(p, name), getattr(p, f"{name}_name")) for name, code in codes.items()}
 
 
 def report_to_pb(r: RoundReport) -> pb.RoundSummary:
-    return pb.RoundSummary(metrics=dict(r.metrics), clusters=dict(r.clusters),
+    return pb.RoundSummary(metrics=dict(r.metrics), clusters=dict(r.clusters), **_codes_to_pb(r, _REPORT_CODES),
                            **{name: getattr(r, name) for name, _ in _REPORT_FIELDS})
 
 
 def report_from_pb(p: pb.RoundSummary) -> RoundReport:
     """Every RoundReport field has a RoundSummary field of the same name (a unit test holds the two equal)."""
     return RoundReport(metrics=dict(p.metrics), clusters={k: int(v) for k, v in p.clusters.items()},
+                       **_codes_from_pb(p, _REPORT_CODES),
                        **{name: tp(getattr(p, name)) for name, tp in _REPORT_FIELDS})
+
+
+_STATUS_CODES: dict[str, StatusCode] = {"phase": PHASES, "outcome": FEDERATION_OUTCOMES}
+_NFL_CODES: dict[str, StatusCode] = {"mode": NFL_MODES, "state": NFL_STATES}
+_NFL_FIELDS = tuple(f for f in dataclasses.fields(NflStatus) if f.name not in _NFL_CODES)
 
 
 def status_to_pb(s: FederationStatus) -> pb.StatusReply:
     return pb.StatusReply(
-        federation_id=s.federation_id, round=s.round, num_rounds=s.num_rounds, phase=s.phase, outcome=s.outcome,
+        federation_id=s.federation_id, round=s.round, num_rounds=s.num_rounds, **_codes_to_pb(s, _STATUS_CODES),
         clients_known=s.clients_known, clients_alive=s.clients_alive, selected=s.selected, accepted=s.accepted,
         rejected=s.rejected, rejected_total=s.rejected_total, history=[report_to_pb(r) for r in s.history],
         finished=s.finished, resumed_from=s.resumed_from, stopping=s.stopping, nfl=nfl_status_to_pb(s.nfl),
@@ -145,11 +201,11 @@ def status_to_pb(s: FederationStatus) -> pb.StatusReply:
 
 
 def nfl_status_to_pb(n: NflStatus) -> pb.NflStatus:
-    return pb.NflStatus(**{f.name: getattr(n, f.name) for f in dataclasses.fields(NflStatus)})
+    return pb.NflStatus(**_codes_to_pb(n, _NFL_CODES), **{f.name: getattr(n, f.name) for f in _NFL_FIELDS})
 
 
 def nfl_status_from_pb(p: pb.NflStatus) -> NflStatus:
-    return NflStatus(**{f.name: getattr(p, f.name) for f in dataclasses.fields(NflStatus)})
+    return NflStatus(**_codes_from_pb(p, _NFL_CODES), **{f.name: getattr(p, f.name) for f in _NFL_FIELDS})
 
 
 def distfl_status_to_pb(d: DistflStatus) -> pb.DistflStatus:
@@ -167,10 +223,38 @@ def distfl_status_from_pb(p: pb.DistflStatus) -> DistflStatus:
 
 def status_from_pb(p: pb.StatusReply) -> FederationStatus:
     return FederationStatus(
-        federation_id=p.federation_id, round=int(p.round), num_rounds=int(p.num_rounds), phase=p.phase,
-        outcome=p.outcome, clients_known=int(p.clients_known), clients_alive=int(p.clients_alive),
+        federation_id=p.federation_id, round=int(p.round), num_rounds=int(p.num_rounds),
+        **_codes_from_pb(p, _STATUS_CODES), clients_known=int(p.clients_known), clients_alive=int(p.clients_alive),
         selected=int(p.selected), accepted=int(p.accepted), rejected=int(p.rejected),
         rejected_total=int(p.rejected_total), history=tuple(report_from_pb(r) for r in p.history),
         finished=p.finished, resumed_from=int(p.resumed_from), stopping=p.stopping,
         nfl=nfl_status_from_pb(p.nfl) if p.HasField("nfl") else NflStatus(),
         distfl=distfl_status_from_pb(p.distfl) if p.HasField("distfl") else DistflStatus())
+
+
+# ---- the update report (fedcore.update_report): the UpdateReport message, field for field ----
+
+# The record's fields that are None when not measured (optional fields on the wire).
+_UPDATE_OPTIONAL = ("beta_hat", "test_accuracy", "test_loss", "private_accuracy")
+
+
+def update_report_to_pb(r: UpdateReport) -> pb.UpdateReport:
+    """The ``report`` field of the update header a client sends."""
+    measured = {name: getattr(r, name) for name in _UPDATE_OPTIONAL if getattr(r, name) is not None}
+    return pb.UpdateReport(num_samples=r.num_samples, train_loss=r.train_loss, adapting=r.adapting,
+                           infers_adapted=r.infers_adapted, train_seconds=r.train_seconds, passes=r.passes,
+                           extras=dict(r.extras), **measured)
+
+
+def update_report_from_pb(h: pb.UpdateHeader) -> UpdateReport:
+    """The report an update header carries: its ``report`` message, else (a client from before that message) its
+    ``num_samples``/``train_loss``/``beta_hat`` and ``metrics`` map (:func:`fedcore.update_report.from_metrics_map`).
+    Numbers are taken as sent; the server bounds them (:meth:`UpdateReport.bounds_error`)."""
+    if not h.HasField("report"):
+        return from_metrics_map(int(h.num_samples), h.train_loss, h.beta_hat if h.HasField("beta_hat") else None,
+                                dict(h.metrics))
+    p = h.report
+    measured = {name: getattr(p, name) for name in _UPDATE_OPTIONAL if p.HasField(name)}
+    return UpdateReport(num_samples=int(p.num_samples), train_loss=p.train_loss, adapting=p.adapting,
+                        infers_adapted=p.infers_adapted, train_seconds=p.train_seconds,
+                        passes=p.passes if p.HasField("passes") else 1.0, extras=dict(p.extras), **measured)

@@ -10,6 +10,7 @@ answered with its reason and logged as ``rpc.refused``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from fedcore.config import FederationInfo
 from fedcore.data import remote_options
 from fedcore.identity import shorten
+from fedcore.report import FederationStatus
 from fedcore.serialization import Reassembler, SerializationError
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
@@ -240,11 +242,12 @@ class FederationServicer:
 
     async def GetStatus(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.StatusReply:
         """The whole status (client ids, clusters) for the operator credential only; a client that names its
-        session sees the federation's progress and its own record; anyone else is refused."""
+        session sees the federation's progress and its own record; anyone else is refused. The history holds the
+        rounds after ``since_round`` only, so a follower's poll does not grow with the federation's age."""
         try:
             request = _message(item)
             if self.auth.operator(context):
-                return wire.status_to_pb(self.coord.status())
+                return wire.status_to_pb(rounds_after(self.coord.status(), request.since_round))
             if not request.session_id:
                 raise ProtocolError("UNAUTHENTICATED", "GetStatus needs the operator credential (metadata "
                                                        "fg-operator: the server's security.operator_token_file or "
@@ -272,6 +275,13 @@ class FederationServicer:
             "GetStatus": grpc.unary_unary_rpc_method_handler(self.GetStatus, _decoder(pb.StatusRequest),
                                                              ser["StatusReply"]),
         }
+
+
+def rounds_after(status: FederationStatus, since_round: int) -> FederationStatus:
+    """``status`` with only the history rounds after ``since_round`` (0: all of them)."""
+    if since_round <= 0:
+        return status
+    return dataclasses.replace(status, history=tuple(r for r in status.history if r.round > since_round))
 
 
 def add_to_server(server: grpc.aio.Server, coordinator: Coordinator) -> tuple[

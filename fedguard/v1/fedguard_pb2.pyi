@@ -26,6 +26,43 @@ class UpdateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UPDATE_KIND_UNSPECIFIED: _ClassVar[UpdateKind]
     WEIGHTS: _ClassVar[UpdateKind]
     DELTA: _ClassVar[UpdateKind]
+
+class FederationPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FEDERATION_PHASE_UNSPECIFIED: _ClassVar[FederationPhase]
+    FEDERATION_PHASE_SAMPLING: _ClassVar[FederationPhase]
+    FEDERATION_PHASE_TRAINING: _ClassVar[FederationPhase]
+    FEDERATION_PHASE_AGGREGATING: _ClassVar[FederationPhase]
+    FEDERATION_PHASE_FINISHED: _ClassVar[FederationPhase]
+
+class FederationOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FEDERATION_OUTCOME_UNSPECIFIED: _ClassVar[FederationOutcome]
+    FEDERATION_OUTCOME_COMPLETED: _ClassVar[FederationOutcome]
+    FEDERATION_OUTCOME_STALLED: _ClassVar[FederationOutcome]
+    FEDERATION_OUTCOME_DP_BUDGET: _ClassVar[FederationOutcome]
+
+class RoundOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROUND_OUTCOME_UNSPECIFIED: _ClassVar[RoundOutcome]
+    ROUND_OUTCOME_QUORUM: _ClassVar[RoundOutcome]
+    ROUND_OUTCOME_ALL_RESPONDED: _ClassVar[RoundOutcome]
+    ROUND_OUTCOME_DEADLINE: _ClassVar[RoundOutcome]
+
+class NflState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NFL_STATE_UNSPECIFIED: _ClassVar[NflState]
+    NFL_STATE_OFF: _ClassVar[NflState]
+    NFL_STATE_ALWAYS: _ClassVar[NflState]
+    NFL_STATE_WATCHING: _ClassVar[NflState]
+    NFL_STATE_REPORTED: _ClassVar[NflState]
+
+class NflMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NFL_MODE_UNSPECIFIED: _ClassVar[NflMode]
+    NFL_MODE_DETECT_AND_RECOVER: _ClassVar[NflMode]
+    NFL_MODE_ALWAYS_RECOVER: _ClassVar[NflMode]
+    NFL_MODE_OFF: _ClassVar[NflMode]
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT16: DType
@@ -40,6 +77,28 @@ BOOL: DType
 UPDATE_KIND_UNSPECIFIED: UpdateKind
 WEIGHTS: UpdateKind
 DELTA: UpdateKind
+FEDERATION_PHASE_UNSPECIFIED: FederationPhase
+FEDERATION_PHASE_SAMPLING: FederationPhase
+FEDERATION_PHASE_TRAINING: FederationPhase
+FEDERATION_PHASE_AGGREGATING: FederationPhase
+FEDERATION_PHASE_FINISHED: FederationPhase
+FEDERATION_OUTCOME_UNSPECIFIED: FederationOutcome
+FEDERATION_OUTCOME_COMPLETED: FederationOutcome
+FEDERATION_OUTCOME_STALLED: FederationOutcome
+FEDERATION_OUTCOME_DP_BUDGET: FederationOutcome
+ROUND_OUTCOME_UNSPECIFIED: RoundOutcome
+ROUND_OUTCOME_QUORUM: RoundOutcome
+ROUND_OUTCOME_ALL_RESPONDED: RoundOutcome
+ROUND_OUTCOME_DEADLINE: RoundOutcome
+NFL_STATE_UNSPECIFIED: NflState
+NFL_STATE_OFF: NflState
+NFL_STATE_ALWAYS: NflState
+NFL_STATE_WATCHING: NflState
+NFL_STATE_REPORTED: NflState
+NFL_MODE_UNSPECIFIED: NflMode
+NFL_MODE_DETECT_AND_RECOVER: NflMode
+NFL_MODE_ALWAYS_RECOVER: NflMode
+NFL_MODE_OFF: NflMode
 
 class TensorMeta(_message.Message):
     __slots__ = ("name", "dtype", "shape", "nbytes")
@@ -199,8 +258,41 @@ class TaskMessage(_message.Message):
     chunk: Chunk
     def __init__(self, wait: _Optional[_Union[Wait, _Mapping]] = ..., header: _Optional[_Union[TaskHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ...) -> None: ...
 
+class UpdateReport(_message.Message):
+    __slots__ = ("num_samples", "train_loss", "beta_hat", "test_accuracy", "test_loss", "private_accuracy", "adapting", "infers_adapted", "train_seconds", "passes", "extras")
+    class ExtrasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    BETA_HAT_FIELD_NUMBER: _ClassVar[int]
+    TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    TEST_LOSS_FIELD_NUMBER: _ClassVar[int]
+    PRIVATE_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    ADAPTING_FIELD_NUMBER: _ClassVar[int]
+    INFERS_ADAPTED_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    EXTRAS_FIELD_NUMBER: _ClassVar[int]
+    num_samples: int
+    train_loss: float
+    beta_hat: float
+    test_accuracy: float
+    test_loss: float
+    private_accuracy: float
+    adapting: bool
+    infers_adapted: bool
+    train_seconds: float
+    passes: float
+    extras: _containers.ScalarMap[str, float]
+    def __init__(self, num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., beta_hat: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., test_loss: _Optional[float] = ..., private_accuracy: _Optional[float] = ..., adapting: _Optional[bool] = ..., infers_adapted: _Optional[bool] = ..., train_seconds: _Optional[float] = ..., passes: _Optional[float] = ..., extras: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
 class UpdateHeader(_message.Message):
-    __slots__ = ("session_id", "round", "num_samples", "beta_hat", "train_loss", "metrics", "kind", "tensors", "total_bytes", "payload_sha256")
+    __slots__ = ("session_id", "round", "num_samples", "beta_hat", "train_loss", "metrics", "kind", "tensors", "total_bytes", "payload_sha256", "report")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +310,7 @@ class UpdateHeader(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_SHA256_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     round: int
     num_samples: int
@@ -228,7 +321,8 @@ class UpdateHeader(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     total_bytes: int
     payload_sha256: bytes
-    def __init__(self, session_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[int] = ..., beta_hat: _Optional[float] = ..., train_loss: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., kind: _Optional[_Union[UpdateKind, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ...) -> None: ...
+    report: UpdateReport
+    def __init__(self, session_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[int] = ..., beta_hat: _Optional[float] = ..., train_loss: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., kind: _Optional[_Union[UpdateKind, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., report: _Optional[_Union[UpdateReport, _Mapping]] = ...) -> None: ...
 
 class UpdateMessage(_message.Message):
     __slots__ = ("header", "chunk")
@@ -273,13 +367,15 @@ class LeaveReply(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "since_round")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_ROUND_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    since_round: int
+    def __init__(self, session_id: _Optional[str] = ..., since_round: _Optional[int] = ...) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds", "client_passes", "clusters", "late_total", "attackers", "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_sample_rate")
+    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "outcome_name", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_name", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds", "client_passes", "clusters", "late_total", "attackers", "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_sample_rate")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +398,7 @@ class RoundSummary(_message.Message):
     MEAN_TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_NAME_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     TEST_ACCURACY_BENIGN_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +415,7 @@ class RoundSummary(_message.Message):
     BETA_ADAPTING_FIELD_NUMBER: _ClassVar[int]
     BETA_HOLDOUT_FIELD_NUMBER: _ClassVar[int]
     NFL_FIELD_NUMBER: _ClassVar[int]
+    NFL_NAME_FIELD_NUMBER: _ClassVar[int]
     NFL_COUNT_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     TEST_ACCURACY_ADAPTING_FIELD_NUMBER: _ClassVar[int]
@@ -338,7 +436,8 @@ class RoundSummary(_message.Message):
     mean_train_loss: float
     mean_test_accuracy: float
     seconds: float
-    outcome: str
+    outcome: RoundOutcome
+    outcome_name: str
     metrics: _containers.ScalarMap[str, float]
     attempt: int
     test_accuracy_benign: float
@@ -354,7 +453,8 @@ class RoundSummary(_message.Message):
     holdouts: int
     beta_adapting: float
     beta_holdout: float
-    nfl: str
+    nfl: NflState
+    nfl_name: str
     nfl_count: int
     recovery: bool
     test_accuracy_adapting: float
@@ -368,14 +468,15 @@ class RoundSummary(_message.Message):
     dp_delta: float
     dp_noise_multiplier: float
     dp_sample_rate: float
-    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ..., client_passes: _Optional[float] = ..., clusters: _Optional[_Mapping[str, int]] = ..., late_total: _Optional[int] = ..., attackers: _Optional[int] = ..., dp_epsilon: _Optional[float] = ..., dp_delta: _Optional[float] = ..., dp_noise_multiplier: _Optional[float] = ..., dp_sample_rate: _Optional[float] = ...) -> None: ...
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., outcome_name: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[_Union[NflState, str]] = ..., nfl_name: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ..., client_passes: _Optional[float] = ..., clusters: _Optional[_Mapping[str, int]] = ..., late_total: _Optional[int] = ..., attackers: _Optional[int] = ..., dp_epsilon: _Optional[float] = ..., dp_delta: _Optional[float] = ..., dp_noise_multiplier: _Optional[float] = ..., dp_sample_rate: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("federation_id", "round", "num_rounds", "phase", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished", "outcome", "resumed_from", "stopping", "nfl", "distfl")
+    __slots__ = ("federation_id", "round", "num_rounds", "phase", "phase_name", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished", "outcome", "outcome_name", "resumed_from", "stopping", "nfl", "distfl")
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     NUM_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_NAME_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_KNOWN_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_ALIVE_FIELD_NUMBER: _ClassVar[int]
     SELECTED_FIELD_NUMBER: _ClassVar[int]
@@ -385,6 +486,7 @@ class StatusReply(_message.Message):
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_NAME_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     NFL_FIELD_NUMBER: _ClassVar[int]
@@ -392,7 +494,8 @@ class StatusReply(_message.Message):
     federation_id: str
     round: int
     num_rounds: int
-    phase: str
+    phase: FederationPhase
+    phase_name: str
     clients_known: int
     clients_alive: int
     selected: int
@@ -401,12 +504,13 @@ class StatusReply(_message.Message):
     rejected_total: int
     history: _containers.RepeatedCompositeFieldContainer[RoundSummary]
     finished: bool
-    outcome: str
+    outcome: FederationOutcome
+    outcome_name: str
     resumed_from: int
     stopping: bool
     nfl: NflStatus
     distfl: DistflStatus
-    def __init__(self, federation_id: _Optional[str] = ..., round: _Optional[int] = ..., num_rounds: _Optional[int] = ..., phase: _Optional[str] = ..., clients_known: _Optional[int] = ..., clients_alive: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejected_total: _Optional[int] = ..., history: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., finished: _Optional[bool] = ..., outcome: _Optional[str] = ..., resumed_from: _Optional[int] = ..., stopping: _Optional[bool] = ..., nfl: _Optional[_Union[NflStatus, _Mapping]] = ..., distfl: _Optional[_Union[DistflStatus, _Mapping]] = ...) -> None: ...
+    def __init__(self, federation_id: _Optional[str] = ..., round: _Optional[int] = ..., num_rounds: _Optional[int] = ..., phase: _Optional[_Union[FederationPhase, str]] = ..., phase_name: _Optional[str] = ..., clients_known: _Optional[int] = ..., clients_alive: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejected_total: _Optional[int] = ..., history: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., finished: _Optional[bool] = ..., outcome: _Optional[_Union[FederationOutcome, str]] = ..., outcome_name: _Optional[str] = ..., resumed_from: _Optional[int] = ..., stopping: _Optional[bool] = ..., nfl: _Optional[_Union[NflStatus, _Mapping]] = ..., distfl: _Optional[_Union[DistflStatus, _Mapping]] = ...) -> None: ...
 
 class DistflStatus(_message.Message):
     __slots__ = ("enabled", "clustered_round", "next_clustering", "probe", "clusters", "assignment", "pending")
@@ -441,10 +545,12 @@ class DistflStatus(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., clustered_round: _Optional[int] = ..., next_clustering: _Optional[int] = ..., probe: _Optional[str] = ..., clusters: _Optional[_Mapping[str, int]] = ..., assignment: _Optional[_Mapping[str, str]] = ..., pending: _Optional[int] = ...) -> None: ...
 
 class NflStatus(_message.Message):
-    __slots__ = ("mode", "detector", "state", "recovery", "count", "consecutive_ok", "beta_hat", "delta", "reported_round", "cancelled_round", "stopped_round")
+    __slots__ = ("mode", "mode_name", "detector", "state", "state_name", "recovery", "count", "consecutive_ok", "beta_hat", "delta", "reported_round", "cancelled_round", "stopped_round")
     MODE_FIELD_NUMBER: _ClassVar[int]
+    MODE_NAME_FIELD_NUMBER: _ClassVar[int]
     DETECTOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_NAME_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     CONSECUTIVE_OK_FIELD_NUMBER: _ClassVar[int]
@@ -453,9 +559,11 @@ class NflStatus(_message.Message):
     REPORTED_ROUND_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_ROUND_FIELD_NUMBER: _ClassVar[int]
     STOPPED_ROUND_FIELD_NUMBER: _ClassVar[int]
-    mode: str
+    mode: NflMode
+    mode_name: str
     detector: str
-    state: str
+    state: NflState
+    state_name: str
     recovery: bool
     count: int
     consecutive_ok: int
@@ -464,4 +572,4 @@ class NflStatus(_message.Message):
     reported_round: int
     cancelled_round: int
     stopped_round: int
-    def __init__(self, mode: _Optional[str] = ..., detector: _Optional[str] = ..., state: _Optional[str] = ..., recovery: _Optional[bool] = ..., count: _Optional[int] = ..., consecutive_ok: _Optional[int] = ..., beta_hat: _Optional[float] = ..., delta: _Optional[float] = ..., reported_round: _Optional[int] = ..., cancelled_round: _Optional[int] = ..., stopped_round: _Optional[int] = ...) -> None: ...
+    def __init__(self, mode: _Optional[_Union[NflMode, str]] = ..., mode_name: _Optional[str] = ..., detector: _Optional[str] = ..., state: _Optional[_Union[NflState, str]] = ..., state_name: _Optional[str] = ..., recovery: _Optional[bool] = ..., count: _Optional[int] = ..., consecutive_ok: _Optional[int] = ..., beta_hat: _Optional[float] = ..., delta: _Optional[float] = ..., reported_round: _Optional[int] = ..., cancelled_round: _Optional[int] = ..., stopped_round: _Optional[int] = ...) -> None: ...

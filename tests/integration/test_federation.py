@@ -76,7 +76,8 @@ def test_status_and_health_services(tmp_path: Path) -> None:
                 s.GetStatus(pb.StatusRequest(), timeout=5, metadata=md)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         st = s.GetStatus(pb.StatusRequest(), timeout=5, metadata=OPERATOR_MD)
-        assert st.round == 1 and st.phase == "sampling" and st.num_rounds == 1 and st.clients_known == 0
+        assert st.round == 1 and st.phase == pb.FEDERATION_PHASE_SAMPLING and st.num_rounds == 1
+        assert st.clients_known == 0
         h = health_pb2_grpc.HealthStub(ch)
         for name in ("", "fedguard.v1.Federation"):
             resp = h.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
