@@ -18,3 +18,9 @@ class ConfigError(ValueError):
     def under(self, prefix: str) -> ConfigError:
         """The same error with its field path placed under ``prefix`` (a plugin's options inside a config slot)."""
         return ConfigError(f"{prefix}.{self.field}" if self.field else prefix, str(self)[len(self.field) + 2:])
+
+
+def require(cond: bool, field_path: str, message: str) -> None:
+    """Raise :class:`ConfigError` naming ``field_path`` unless ``cond``: the one check every config section uses."""
+    if not cond:
+        raise ConfigError(field_path, message)
