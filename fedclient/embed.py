@@ -147,7 +147,6 @@ class EmbeddingApi:
     published: Published
     callbacks: Callbacks
     can_train: Callable[[], bool] | None
-    _ineligible_since: float | None
 
     if TYPE_CHECKING:  # provided by FedClient (the lifecycle); declared here for run_async and the type checker
 

@@ -13,14 +13,15 @@
    reported NFL, a client whose β̂ᵢ was negative in more than NR rounds adapts on its own;
 4. the trainer trains ``model`` (the update the client sends) with ``recovery = (task flag or own decision) and
    not opt-out``; FL-GUARD's adaptation trains vᵢ beside it without changing the sent update;
-5. the update hook (:data:`UpdateHook`, default :func:`fedcore.attacks.poison_update` with the client's attack)
-   sees the received and the trained weights and may replace what is sent: a model-poisoning attacker's crafted
-   update (model replacement, Stat-Opt, Dyn-Opt with partial knowledge); ``None`` sends the trained model;
-6. trainer state and individual counters are saved in the state dir (kept in memory without one);
+5. the outcome carries the received and trained weights (:attr:`RoundOutcome.update`) for a client mod that
+   replaces what is sent (:func:`fedclient.mods.model_poisoning`);
+6. trainer state and individual counters are saved in the client's state (:class:`fedclient.state.ClientState`;
+   kept in memory without a state dir);
 7. :attr:`LocalRound.view` is the round's :class:`InferenceView` (what an embedding app is served:
    :meth:`personal_module` builds vᵢ's module from it).
 
-The β̂ᵢ sent is the measured one, unless the client plays the fabricated-β̂ attacker (``attack.fake_beta_hat``).
+Attacks are not played here: client mods (:mod:`fedclient.mods`) change what the round trains on (poisoned data or
+batches, an attacker's epochs) and what is sent (a crafted update, a fabricated β̂ᵢ).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedcore.attacks import PoisonedUpdate, UpdateContext, attacker_local_epochs, backdoor_batches, poison_update
+from fedclient.state import ClientState
+from fedcore.attacks import UpdateContext
 from fedcore.attacks.model_poisoning import flat_update
 from fedcore.client_state import infers_adapted
 from fedcore.config import ClientConfig, FederationInfo
@@ -51,14 +53,8 @@ from fedcore.train.trainers import (
     TrainerStateError,
     beta_hat,
     first_batch,
-    load_trainer_state,
     make_trainer,
-    save_trainer_state,
 )
-
-# The one place a client's update can be changed before it is sent (like Flower's client mods): gets the round's
-# received and trained weights and returns the weights to send instead, or None to send the trained model.
-UpdateHook = Callable[[UpdateContext], PoisonedUpdate | None]
 
 
 class LocalRoundError(RuntimeError):
@@ -88,12 +84,15 @@ class RoundOutcome:
     # The β̂ᵢ to send (None when the client has no private accuracy Pᵢ).
     beta_hat: float | None
     metrics: dict[str, float]
+    # The round's received and trained weights, for a mod that replaces the update (None: not for a mod to change).
+    update: UpdateContext | None = None
 
 
 class LocalRound:
-    def __init__(self, config: ClientConfig, client_id: str, log: Any, update_hook: UpdateHook | None = None) -> None:
+    def __init__(self, config: ClientConfig, client_id: str, log: Any, state: ClientState | None = None) -> None:
         self.config = config
-        self.update_hook: UpdateHook = update_hook or partial(poison_update, config.attack)
+        # Where the trainer state and the individual counters persist (the client's, else config.state_dir's).
+        self.state = state if state is not None else ClientState.open(config.state_dir, log)
         self.client_id = client_id
         self.log = log
         # The client's own trainer, else the server's [recovery] method once it is known (:meth:`use_method`).
@@ -124,22 +123,16 @@ class LocalRound:
 
     def _trainer_state(self, model: nn.Module) -> TrainerState:
         if self._tstate is None:
-            loaded = None
-            if self.config.state_dir:
-                try:
-                    loaded = load_trainer_state(self.config.state_dir)
-                except TrainerStateError as e:
-                    raise LocalRoundError(str(e)) from None
+            try:
+                loaded = self.state.load_trainer_state()
+            except TrainerStateError as e:
+                raise LocalRoundError(str(e)) from None
             self._tstate = loaded if loaded is not None else self.trainer.init(model)
         return self._tstate
 
     def _individual_state(self) -> ind.IndividualState:
         if self._individual is None:
-            try:
-                self._individual = (ind.load_individual_state(self.config.state_dir) if self.config.state_dir
-                                    else ind.IndividualState())
-            except ValueError as e:
-                raise LocalRoundError(str(e)) from None
+            self._individual = self.state.individual()
         return self._individual
 
     @property
@@ -178,8 +171,10 @@ class LocalRound:
     # ---- the round ----
 
     def run(self, model: nn.Module, data: ClientData, train_data: ClientData, fed: FederationInfo, round_: int,
-            recovery_flag: bool, learning_rate: float | None, private_accuracy: float | None) -> RoundOutcome:
-        """Run round ``round_`` with the received model loaded in ``model``; ``model`` ends as the update."""
+            recovery_flag: bool, learning_rate: float | None, private_accuracy: float | None, *,
+            batches: Callable[[int], Any] | None = None, local_epochs: int | None = None) -> RoundOutcome:
+        """Run round ``round_`` with the received model loaded in ``model``; ``model`` ends as the update.
+        ``train_data``, ``batches`` and ``local_epochs`` (None: the federation's): what the trainer trains on."""
         cfg = self.config
         self.ensure_trainer(fed)
         tstate = start_state = self._trainer_state(model)
@@ -204,28 +199,21 @@ class LocalRound:
             metrics["beta_hat_measured"] = measured
         own = self._individual_step(fed, round_, measured, recovery_flag)
         recovery = (recovery_flag or own) and not cfg.opt_out and fed.nfl_mode != "off"
-        attack = cfg.attack
-        batches = backdoor_batches(train_data, attack, seeds.attack).epoch if attack.kind == "backdoor" else None
         res, tstate = self.trainer.train(model, tstate, train_data.x_train, train_data.y_train, fed.training, seeds,
                                          recovery=recovery, learning_rate=learning_rate,
-                                         epochs=attacker_local_epochs(attack, fed.training.local_epochs),
+                                         epochs=fed.training.local_epochs if local_epochs is None else local_epochs,
                                          batches=batches)
-        hooked = self.update_hook(UpdateContext(
+        update = UpdateContext(
             received=before, trained=model.state_dict(), num_train=data.num_train, seed=seeds.attack,
-            honest_update=partial(self._honest_update, model, before, start_state, data, fed, seeds, learning_rate)))
-        if hooked is not None:
-            model.load_state_dict(hooked.weights)
-            metrics.update(hooked.metrics)
+            honest_update=partial(self._honest_update, model, before, start_state, data, fed, seeds, learning_rate))
         self._tstate = tstate
         metrics["adapting"] = float(recovery)
         metrics.update(tstate.metrics if recovery else {})
-        if cfg.state_dir:
-            save_trainer_state(cfg.state_dir, tstate)
+        self.state.save_trainer_state(tstate)
         # Every trainer's personal model is ``tstate.adapted`` (None until its recovery first ran).
         self.view = InferenceView(round_, before, tstate, recovery_flag, recovery, own,
                                   self.serves_adapted(tstate.adapted is not None, recovery))
-        sent = attack.fake_beta_hat if attack.fabricates_beta_hat else measured
-        return RoundOutcome(res.loss, sent, {k: float(v) for k, v in metrics.items() if math.isfinite(v)})
+        return RoundOutcome(res.loss, measured, {k: float(v) for k, v in metrics.items() if math.isfinite(v)}, update)
 
     def _honest_update(self, model: nn.Module, received: dict[str, torch.Tensor], tstate: TrainerState,
                        data: ClientData, fed: FederationInfo, seeds: RoundSeeds, learning_rate: float | None,
@@ -253,7 +241,6 @@ class LocalRound:
         for ev in events:
             self.log.warning(ev.kind, client_id=self.client_id, round=ev.round, reason=ev.reason, scope=ev.scope)
         self._individual = state
-        if self.config.state_dir:
-            ind.save_individual_state(self.config.state_dir, state)
+        self.state.save_individual(state)
         return state.adapting
 

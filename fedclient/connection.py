@@ -1,0 +1,215 @@
+"""The client's link to the server above :class:`fedclient.transport.Transport`: the session, retries with
+exponential backoff and full jitter, the one call in flight that :meth:`FedClient.stop` cancels, heartbeats while
+the device works, and leaving.
+
+Kept apart from the round logic so that every protocol step (join, pull, decline, push) gets the same answers to
+"is this error worth a retry?", "is the server refusing this client for good?" and "did the app ask to stop?".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from fedclient.errors import FedClientError, FedClientRefused, SessionLost, Stopped
+from fedclient.transport import Refused, Transport, classify_unauthenticated, classify_unavailable
+from fedcore.config import ClientConfig, ConfigError
+from fedcore.identity import shorten
+from fedguard.v1 import fedguard_pb2 as pb
+
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+             grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+
+# A handshake the server closes without naming the check ("Socket closed") counts as a refusal when it happens
+# this many times in a row (a server shutting down closes sockets too).
+HANDSHAKE_CLOSED_REPEATS = 3
+
+T = TypeVar("T")
+
+
+class Backoff:
+    """Exponential backoff with full jitter: sleep U(0, min(max, initial·2^attempt))."""
+
+    def __init__(self, initial: float, maximum: float, rng: random.Random | None = None) -> None:
+        self.initial, self.maximum = initial, maximum
+        self.attempt = 0
+        self.rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        cap = min(self.maximum, self.initial * (2 ** self.attempt))
+        self.attempt += 1
+        return self.rng.uniform(0, cap)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class Connection:
+    """One client's connection: :meth:`open` it when the client runs, :meth:`close` it when it ends.
+
+    ``stop``: the event :meth:`FedClient.stop` sets (every wait here ends with :class:`Stopped` when it is set);
+    ``on_retry``: called once per retried call (the client counts its reconnects)."""
+
+    def __init__(self, config: ClientConfig, client_id: str, log: Any, stop: threading.Event,
+                 on_retry: Callable[[], None] = lambda: None) -> None:
+        self.config, self.client_id, self.log = config, client_id, log
+        self.stop_event = stop
+        self.on_retry = on_retry
+        self.transport: Transport | None = None
+        self.session = ""
+        self.heartbeat_s = 5.0
+        # Seeded by the client id: a fleet's clients do not retry in lockstep, and a client's delays repeat.
+        self.rng = random.Random(client_id)
+        self._call_lock = threading.Lock()
+        self._inflight: Any = None
+        self._alive_depth = 0
+
+    # ---- lifecycle ----
+
+    def open(self) -> Transport:
+        try:
+            self.transport = Transport(self.config, self.client_id, self.log)
+        except ConfigError as e:
+            raise FedClientError(str(e)) from None
+        except Refused as e:  # checked locally before connecting (this client's own certificate)
+            raise FedClientRefused(e) from None
+        return self.transport
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def require(self) -> Transport:
+        if self.transport is None:
+            raise FedClientError("not connected: the client is not running")
+        return self.transport
+
+    def leave(self) -> None:
+        """Tell the server this client leaves (best effort, two seconds at most); forget the session."""
+        if not self.session or self.transport is None:
+            return
+        with contextlib.suppress(grpc.RpcError):
+            self.transport.call("Leave", pb.LeaveRequest(session_id=self.session, reason="done"), timeout=2.0)
+        self.session = ""
+
+    def set_heartbeat_interval(self, seconds: float) -> None:
+        """The server's heartbeat interval, bounded to [0.1, 600] s (5 s when it says nothing usable)."""
+        self.heartbeat_s = min(max(seconds, 0.1), 600.0) if math.isfinite(seconds) and seconds > 0 else 5.0
+
+    # ---- waiting and stopping ----
+
+    def check_stop(self) -> None:
+        if self.stop_event.is_set():
+            raise Stopped
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep unless stopped first (then :class:`Stopped`)."""
+        if self.stop_event.wait(seconds):
+            raise Stopped
+
+    def cancel_inflight(self) -> None:
+        with self._call_lock:
+            if self._inflight is not None:
+                self._inflight.cancel()
+
+    @contextlib.contextmanager
+    def inflight(self, call: Any) -> Iterator[Any]:
+        """``call`` is the one :meth:`cancel_inflight` cancels while the block runs."""
+        with self._call_lock:
+            self._inflight = call
+        try:
+            yield call
+        finally:
+            with self._call_lock:
+                self._inflight = None
+
+    def tracked(self, fut: Any) -> Any:
+        """Wait for a call's future that :meth:`cancel_inflight` can cancel."""
+        with self.inflight(fut):
+            return fut.result()
+
+    # ---- retries ----
+
+    def retrying(self, what: str, fn: Callable[[], T]) -> T:
+        """Call ``fn`` until it succeeds, backing off on transient errors; raises after give_up_after_s.
+
+        UNAUTHENTICATED after the join is a lost session (:class:`SessionLost`: join again); at the join, and
+        PERMISSION_DENIED anywhere, it is a refusal for good, as is a TLS handshake the server refuses
+        (:class:`FedClientRefused`)."""
+        cfg = self.config
+        backoff = Backoff(cfg.backoff_initial_s, cfg.backoff_max_s, self.rng)
+        first_failure: float | None = None
+        closed_handshakes = 0
+        while True:
+            self.check_stop()
+            try:
+                return fn()
+            except grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else None
+                if self.stop_event.is_set():
+                    raise Stopped from None
+                details = str(e.details() if hasattr(e, "details") else "") or ""
+                if code == grpc.StatusCode.UNAUTHENTICATED and what != "join":
+                    raise SessionLost from None
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    raise FedClientRefused(classify_unauthenticated(shorten(details, 300))) from None
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    refused, certain = classify_unavailable(details, not cfg.insecure, bool(cfg.cert))
+                    closed_handshakes = closed_handshakes + 1 if refused is not None else 0
+                    if refused is not None and (certain or closed_handshakes >= HANDSHAKE_CLOSED_REPEATS):
+                        raise FedClientRefused(refused) from None
+                if code not in RETRYABLE:
+                    raise
+                now = time.monotonic()
+                first_failure = first_failure or now
+                if cfg.give_up_after_s and now - first_failure > cfg.give_up_after_s:
+                    # The last error's details say why.
+                    raise FedClientError(f"server {cfg.server} unreachable for {cfg.give_up_after_s:.0f} s "
+                                         f"({what}: {code}: {shorten(details, 300)})") from None
+                delay = backoff.next_delay()
+                self.on_retry()
+                self.log.info("client.retrying", client_id=self.client_id, call=what, code=str(code),
+                              delay_s=round(delay, 3))
+                self.sleep(delay)
+
+    # ---- liveness ----
+
+    @contextlib.contextmanager
+    def keep_alive(self) -> Iterator[None]:
+        """While the block runs (training, the private model, a straggler's delay), tell the server every heartbeat
+        interval that the client is alive. Nothing runs outside it: an idle client's liveness is the long-poll it
+        holds (the server counts a parked poll as contact), so no thread wakes while the client waits for work.
+        Re-entrant: a block inside another shares its heartbeat thread (a client mod may keep the device alive
+        around the round that keeps it alive itself)."""
+        self._alive_depth += 1
+        if self._alive_depth > 1:
+            try:
+                yield
+            finally:
+                self._alive_depth -= 1
+            return
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.heartbeat_s) and not self.stop_event.is_set():
+                if self.session and self.transport is not None:
+                    with contextlib.suppress(grpc.RpcError):
+                        self.transport.call("Heartbeat", pb.HeartbeatRequest(session_id=self.session), timeout=5.0)
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{self.client_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            self._alive_depth -= 1
+
+
+__all__ = ["HANDSHAKE_CLOSED_REPEATS", "RETRYABLE", "Backoff", "Connection"]
