@@ -28,12 +28,12 @@ def threads_per_process(processes: int, cores: int | None = None) -> int:
 
 def is_client_command(argv: list[str]) -> bool:
     """Whether a command line runs a fedguard client process (``fedclient``, ``python -m fedclient`` or a
-    launcher's client host ``fedguard.launch worker``)."""
+    launcher's client host ``fedlaunch worker``)."""
     names = [Path(a).name for a in argv[:3]]
     if "fedclient" in names:
         return True
     return any(argv[i:i + 2] == ["-m", "fedclient"] for i in range(min(len(argv), 3))) or (
-        "worker" in argv[:4] and any(a.endswith("fedguard.launch") or a.endswith("fedguard-launch") for a in argv[:3]))
+        "worker" in argv[:4] and any(a.endswith(("fedlaunch", "fedguard-launch")) for a in argv[:3]))
 
 
 def client_processes(proc: Path = Path("/proc")) -> int:

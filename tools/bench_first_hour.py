@@ -5,7 +5,7 @@ Ctrl-C return time, the 3-client quickstart's wall time, ``--help`` times (issue
     python tools/bench_first_hour.py --root /tmp/before    # another checkout (e.g. a git worktree of an old commit)
     python tools/bench_first_hour.py --only typo,k_gt_n    # some scenarios
 
-Every scenario runs real processes (``python -m fedguard.launch`` etc. with ``PYTHONPATH=ROOT``) in a temporary
+Every scenario runs real processes (``python -m fedlaunch`` etc. with ``PYTHONPATH=ROOT``) in a temporary
 directory and is cut off at its time limit; a row says the seconds to the first output line matching the
 scenario's pattern ("-" when none came), the seconds to the launcher's exit and its exit status.
 """
@@ -106,7 +106,7 @@ def _children_cpu() -> float:
 
 
 def launch_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fedguard.launch", *args]
+    return [sys.executable, "-m", "fedlaunch", *args]
 
 
 def scenarios(root: Path, work: Path, only: set[str]) -> list[Outcome]:
@@ -116,7 +116,7 @@ def scenarios(root: Path, work: Path, only: set[str]) -> list[Outcome]:
         return not only or name in only
 
     if want("help"):
-        for mod in ("fedserver", "fedclient", "fedguard.launch"):
+        for mod in ("fedserver", "fedclient", "fedlaunch"):
             best = min(_timed_help(root, mod) for _ in range(3))
             out.append(Outcome(f"help {mod}", None, best, 0))
     if want("typo"):

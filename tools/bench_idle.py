@@ -1,7 +1,7 @@
 """What an idle federation costs: server and client-host CPU with N connected virtual clients and no round.
 
 A ``fedserver`` subprocess (plaintext, mlp on synthetic data, K larger than the fleet so no round ever starts,
-sampling timeout an hour) and ``--procs`` worker processes of ``fedguard.launch`` hosting ``--clients`` virtual
+sampling timeout an hour) and ``--procs`` worker processes of ``fedlaunch`` hosting ``--clients`` virtual
 FedClients between them (each with its own channel, parked in its long-poll, as ``fedguard-launch --virtual``
 runs them). Once the server counts every client alive (GetStatus with the operator credential) and a settling
 time has passed, the CPU seconds (user + system, /proc/PID/stat) of the server and of all the worker processes
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))
     import grpc
 
-    from fedguard.launch import HostSpec, worker_command
     from fedguard.v1 import fedguard_pb2 as pb
+    from fedlaunch.hosts import HostSpec, worker_command
 
     operator = secrets.token_urlsafe(18)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

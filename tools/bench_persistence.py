@@ -410,14 +410,14 @@ def bench_restart(args: argparse.Namespace) -> None:
                             "--set", f"backoff_max_s={args.backoff_max}", "--insecure"] for i in range(args.k)]
             backoff = f"initial {args.backoff_initial} s, max {args.backoff_max} s"
         else:
-            from fedguard.launch import HostSpec, worker_command
+            from fedlaunch.hosts import HostSpec, worker_command
 
             client_cmds = [worker_command(HostSpec(address, 0, args.k, trainer="noop", backoff_max=args.backoff_max),
                                           Path(tmp) / "host.json")]
             backoff = f"initial 0.2 s (ClientConfig default), max {args.backoff_max} s"
         print(f"restart: fedserver (mlp, synthetic, K = {args.k}, persistence.fsync="
               f"{'on' if args.fsync else 'off'}) + {args.k} no-op clients "
-              f"({f'{args.k} fedclient processes' if args.processes else 'threads of one fedguard.launch worker'}); "
+              f"({f'{args.k} fedclient processes' if args.processes else 'threads of one fedlaunch worker'}); "
               f"client reconnection backoff: {backoff}, full jitter; SIGKILL after {args.rounds} rounds of each "
               f"server life, then the identical command line again; {args.repeats} restarts; {os.cpu_count()} CPUs")
         print("server: " + " ".join(Path(c).name if c == py else c for c in server_cmd))

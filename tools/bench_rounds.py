@@ -120,7 +120,7 @@ def main() -> int:
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
         if args.virtual:
             per = -(-n // args.procs)
-            from fedguard.launch import HostSpec, worker_command
+            from fedlaunch.hosts import HostSpec, worker_command
 
             cmds = [worker_command(HostSpec(address, first, min(per, n - first), trainer="noop"),
                                    Path(tmp) / f"host-{first}.json") for first in range(0, n, per)]

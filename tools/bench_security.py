@@ -22,7 +22,7 @@
              Modes: plaintext = security.insecure on both sides; tls = the server has tls_cert/tls_key and a
              client verifies it with ca_cert only; mtls = the server also has client_ca and every client
              presents its own certificate (the client id is the certificate's). Certificates: a throw-away CA
-             (fedguard.launch.make_tls_dir, ECDSA P-256). persistence.enabled is off in these federations (it is
+             (fedlaunch.credentials.make_tls_dir, ECDSA P-256). persistence.enabled is off in these federations (it is
              the same in every mode and only adds noise). Channels are long-lived (one per client for the
              whole federation), so a round pays no handshake: only the record encryption of the model and
              update bytes.
@@ -102,7 +102,7 @@ def _server_security(mode: str, tls_dir: Path) -> dict[str, Any]:
 
 
 def _client_security(mode: str, tls_dir: Path, cid: str) -> dict[str, Any]:
-    from fedguard.launch import client_tls_options
+    from fedlaunch.credentials import client_tls_options
 
     if mode == "plaintext":
         return {"insecure": True}
@@ -216,7 +216,7 @@ def bench_transport(args: argparse.Namespace) -> None:
 
     from fedcore.log import configure_logging
     from fedcore.models import build_model
-    from fedguard.launch import make_tls_dir
+    from fedlaunch.credentials import make_tls_dir
 
     configure_logging(level="error")
     torch.set_num_threads(1)
@@ -634,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     fl.add_argument("--log-level", default="warning", help="the server's log level (its log is in the temp dir)")
     fl.set_defaults(func=bench_flood)
     args = ap.parse_args(argv)
-    if str(ROOT) not in sys.path:  # run as a script: fedguard.launch is imported from this repository
+    if str(ROOT) not in sys.path:  # run as a script: fedlaunch is imported from this repository
         sys.path.insert(0, str(ROOT))
     args.func(args)
     return 0

@@ -10,6 +10,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
-exec "$PY" -m fedguard.launch --clients 40 -k 40 --rounds 40 --virtual --procs 2 --private-epochs 10 \
+exec "$PY" -m fedlaunch --clients 40 -k 40 --rounds 40 --virtual --procs 2 --private-epochs 10 \
   --server-set nfl.nr=5 --server-set nfl.c=5 --server-set data.options.shared=0.4 \
   --server-set data.options.feature_shift=false --run-dir runs/demo "$@"

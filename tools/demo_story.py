@@ -40,16 +40,16 @@ OFF_EACH_BELOW = 0.0  # --nfl-mode off: beta < 0 on every seed
 
 
 def demo_args(script: Path = DEMO) -> list[str]:
-    """The launcher arguments of the demo script's ``fedguard.launch`` command (continuation lines joined), without
+    """The launcher arguments of the demo script's ``fedlaunch`` command (continuation lines joined), without
     its ``--run-dir`` and the script's own ``"$@"``."""
     text = script.read_text().replace("\\\n", " ")
     for line in text.splitlines():
         words = shlex.split(line, comments=True)
-        if "fedguard.launch" in words:
-            args = words[words.index("fedguard.launch") + 1:]
+        if "fedlaunch" in words:
+            args = words[words.index("fedlaunch") + 1:]
             break
     else:
-        raise ValueError(f"{script}: no 'fedguard.launch' command")
+        raise ValueError(f"{script}: no 'fedlaunch' command")
     args = [a for a in args if a != "$@"]
     if "--run-dir" in args:
         i = args.index("--run-dir")
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         base = demo_args()
         for seed in args.seeds:
             for mode, flags in MODES.items():
-                cmd = [sys.executable, "-m", "fedguard.launch", *base, *flags, "--seed", str(seed), *extra,
+                cmd = [sys.executable, "-m", "fedlaunch", *base, *flags, "--seed", str(seed), *extra,
                        "--run-dir", str(out / f"{mode}-s{seed}")]
                 launch_run(cmd, out / f"{mode}-s{seed}", args.timeout)
     text, ok = table(out, args.seeds)

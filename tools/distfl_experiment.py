@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             # Every client trains its private model (Local) before it asks for work: on a small machine the whole
             # fleet takes longer than the default 300 s to be ready.
-            cmd = [sys.executable, "-m", "fedguard.launch", "--config", SCENARIOS[args.scenario], "--run-dir",
+            cmd = [sys.executable, "-m", "fedlaunch", "--config", SCENARIOS[args.scenario], "--run-dir",
                    str(run_dir), "--seed", str(seed), "--server-set", "rounds.sampling_timeout_s=3600.0", *extra]
             if args.rounds:
                 cmd += ["--rounds", str(args.rounds)]
@@ -88,7 +88,7 @@ def _truth(scenario: str, config: dict[str, Any], seed: int, n: int) -> dict[str
         types = client_types(n, int(config["data"]["options"]["num_types"]))
         return {f"client-{i:05d}": int(types[i]) for i in range(n)}
     if scenario == "mnist-flip":
-        from fedguard.launch import attacker_indices
+        from fedlaunch.plan import attacker_indices
 
         bad = set(attacker_indices(n, float(config["launch"]["attackers"]), seed))
         return {f"client-{i:05d}": int(i in bad) for i in range(n)}

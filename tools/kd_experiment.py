@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             if finished(run_dir):
                 print(f"{run_dir.name}: already finished", flush=True)
                 continue
-            cmd = [sys.executable, "-m", "fedguard.launch", "--config", CONFIGS[args.scenario], "--run-dir",
+            cmd = [sys.executable, "-m", "fedlaunch", "--config", CONFIGS[args.scenario], "--run-dir",
                    str(run_dir), "--seed", str(seed), "--insecure", "--server-set", "rounds.sampling_timeout_s=3600.0",
                    *extra]
             if args.epochs:

@@ -15,7 +15,7 @@ private epochs are the configs' (150, 20, 20, 20) unless given.
 A campaign survives stops (:mod:`tools.runs`): each run keeps a record (``record.json`` beside its
 ``rounds.jsonl``: its settings, seed, and every sitting's command, package versions, fedguard commit, wall time
 and rounds); running the same command again skips finished runs and resumes unfinished ones from their last
-completed round (``fedguard.launch --resume``); a run directory without this runner's record, or with a record of
+completed round (``fedlaunch --resume``); a run directory without this runner's record, or with a record of
 other settings, stops it before anything starts. ``--timeout`` stops a run after that long in one sitting,
 ``--until`` stops everything at a time and starts no run that would not finish before it.
 
@@ -86,7 +86,7 @@ LAST = 10
 def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> list[str]:
     """The launcher command of one run (``--resume`` is added by :func:`tools.runs.start_run` when it resumes)."""
     rounds, nr, c, private_epochs = _resolved(env, args)
-    cmd = [sys.executable, "-m", "fedguard.launch", "--config", ENVS[env], "--run-dir", str(run_dir), "--seed",
+    cmd = [sys.executable, "-m", "fedlaunch", "--config", ENVS[env], "--run-dir", str(run_dir), "--seed",
            str(seed), "--procs", str(args.procs), *ALL_ARMS[arm], "--server-set", f"nfl.nr={nr}",
            "--server-set", f"nfl.c={c}",
            # round 1 waits for all N clients, which first train their private models: give them time

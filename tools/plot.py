@@ -1,4 +1,4 @@
-"""``python -m tools.plot``: the checkout's way to run ``fedguard-plot`` (the code lives in :mod:`fedguard.plot`,
+"""``python -m tools.plot``: the checkout's way to run ``fedguard-plot`` (the code lives in :mod:`fedlaunch.plot`,
 installed with the package; the ``plot`` extra brings matplotlib).
 
     python -m tools.plot runs/mnist_nfl runs/mnist_ideal --out runs/mnist_beta.png
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from fedguard.export import read_rounds
-from fedguard.plot import main as _main
-from fedguard.plot import moving_average, plot, run_label, timeline, transitions
+from fedlaunch.export import read_rounds
+from fedlaunch.plot import main as _main
+from fedlaunch.plot import moving_average, plot, run_label, timeline, transitions
 
 __all__ = ["main", "moving_average", "plot", "read_rounds", "run_label", "timeline", "transitions"]
 

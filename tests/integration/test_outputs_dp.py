@@ -15,7 +15,7 @@ import torch
 
 import fedguard
 from fedcore.serialization import load_state
-from fedguard import export, status
+from fedlaunch import export, status
 from fedserver import ServerThread
 from tests.integration.helpers import run_federation, server_config
 
@@ -133,7 +133,7 @@ def test_status_env_name_is_the_servers() -> None:
 
 def test_plot_timeline_marks_report_and_cancel(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
-    from fedguard import plot
+    from fedlaunch import plot
 
     states = ["watching"] * 3 + ["reported"] * 4 + ["watching"] * 3
     rows = [{"round": i + 1, "beta_hat": -0.1 if s == "reported" else 0.1, "beta_hat_avg": math.nan,

@@ -9,7 +9,7 @@ from pathlib import Path
 from fedclient import FedClient
 from fedcore.data import load_client_data
 from fedcore.models import build_model
-from fedguard.launch import make_tls_dir
+from fedlaunch.credentials import make_tls_dir
 from fedserver import ServerThread
 from tests.integration.helpers import server_config
 

@@ -24,10 +24,10 @@ from fedcore.models import build_model, model_manifest
 from fedcore.serialization import pack
 from fedguard import wire
 from fedguard.certs import enroll, generate_signing_key, issue_client_cert, read_ca, write_private, write_public
-from fedguard.launch import make_tls_dir
 from fedguard.signing import sign_request
 from fedguard.v1 import fedguard_pb2 as pb
 from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
+from fedlaunch.credentials import make_tls_dir
 from fedserver import ServerThread
 from tests.integration.helpers import mark_ready, pull_model, server_config, stub, update_messages
 

@@ -18,7 +18,7 @@ def _run(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-@pytest.mark.parametrize("module", ["fedserver", "fedclient", "fedguard.launch"])
+@pytest.mark.parametrize("module", ["fedserver", "fedclient", "fedlaunch"])
 def test_help_answers_without_importing_torch(module: str) -> None:
     r = _run("-X", "importtime", "-m", module, "--help")
     assert r.returncode == 0, r.stderr

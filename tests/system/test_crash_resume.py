@@ -1,6 +1,7 @@
 """Real processes: bit-identical models across process layouts, and a server killed with SIGKILL at every
-stage of a round (training, aggregation, between the model write and the state commit, between the commit and
-the rounds.jsonl append) or stopped with SIGTERM, restarted with the identical command line each time."""
+stage of a round (training, after aggregation before anything is saved, between the model write and the state
+commit, between the commit and the rounds.jsonl append) or stopped with SIGTERM, restarted with the same federation
+each time. The kills come from ``tests/crash_server.py`` (the real server with a state store that dies on cue)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import pytest
 import torch
 
 from fedcore.serialization import load_state
-from fedguard.launch import HostSpec, client_id, worker_command
+from fedlaunch.hosts import HostSpec, worker_command
+from fedlaunch.plan import client_id
 
 pytestmark = pytest.mark.system
 
@@ -29,9 +31,8 @@ FEDERATION = ["--rounds", str(ROUNDS), "-k", str(N), "--min-available", str(N), 
               "--round-timeout", "60"]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "FEDGUARD_CRASH_AT"}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), **extra}
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
 
 
 def _free_port() -> int:
@@ -49,7 +50,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def _launch(run_dir: Path, *flags: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "fedguard.launch", "--clients", str(N), "--rounds", str(ROUNDS),
+    out = subprocess.run([sys.executable, "-m", "fedlaunch", "--clients", str(N), "--rounds", str(ROUNDS),
                           "--run-dir", str(run_dir), "--min-updates", str(N), "--torch-threads", "1", *flags],
                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -90,12 +91,14 @@ def test_server_killed_at_every_stage_resumes_to_the_uninterrupted_model(
         tmp_path: Path, processes_model: dict[str, torch.Tensor]) -> None:
     run_dir = tmp_path / "run"
     port = _free_port()
-    server_cmd = [sys.executable, "-m", "fedserver", "--address", f"127.0.0.1:{port}", "--run-dir", str(run_dir),
-                  "--log-json", "--linger", "5", "--insecure", *FEDERATION]
+    server_args = ["--address", f"127.0.0.1:{port}", "--run-dir", str(run_dir), "--log-json", "--linger", "5",
+                   "--insecure", *FEDERATION]
     logs = open(tmp_path / "server.log", "ab")  # noqa: SIM115
 
-    def server(**env: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(server_cmd, cwd=ROOT, env=_env(**env), stdout=logs, stderr=subprocess.STDOUT)
+    def server(crash_at: str = "") -> subprocess.Popen[bytes]:
+        main = ["tests.crash_server", crash_at] if crash_at else ["fedserver"]
+        return subprocess.Popen([sys.executable, "-m", *main, *server_args], cwd=ROOT, env=_env(), stdout=logs,
+                                stderr=subprocess.STDOUT)
 
     # Ten clients in one process; they outlive every server and re-join each new one unaided.
     spec = HostSpec(f"127.0.0.1:{port}", 0, N, backoff_max=0.3,
@@ -103,10 +106,10 @@ def test_server_killed_at_every_stage_resumes_to_the_uninterrupted_model(
     clients = subprocess.Popen(worker_command(spec, tmp_path / "host.json"),
                                cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        # SIGKILL while round 2 aggregates, between round 3's model write and its state commit, and between
-        # round 4's commit and its rounds.jsonl row.
-        for point in ("aggregate:2", "model_written:3", "persisted:4"):
-            p = server(FEDGUARD_CRASH_AT=point)
+        # SIGKILL after round 2 was aggregated but before any of it was saved, between round 3's model write and
+        # its state commit, and between round 4's commit and its rounds.jsonl row.
+        for point in ("saving:2", "files_written:3", "committed:4"):
+            p = server(crash_at=point)
             assert p.wait(120) == -signal.SIGKILL, f"the server did not die at {point}"
         assert _rounds(run_dir) == [1, 2, 3], "rounds 2 and 3 are re-run; round 4 committed without its row"
         # SIGKILL while clients train round 5 (restored round 4's row is appended on start).

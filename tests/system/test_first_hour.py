@@ -51,7 +51,7 @@ def _env() -> dict[str, str]:
 
 def _launch(*args: str, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess[str], float]:
     t = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "fedguard.launch", *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "fedlaunch", *args], capture_output=True, text=True,
                        timeout=timeout, env=_env())
     return r, time.monotonic() - t
 
@@ -61,7 +61,7 @@ class Running:
 
     def __init__(self, *args: str) -> None:
         self.t0 = time.monotonic()
-        self.p = subprocess.Popen([sys.executable, "-m", "fedguard.launch", *args], stdout=subprocess.PIPE,
+        self.p = subprocess.Popen([sys.executable, "-m", "fedlaunch", *args], stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -116,7 +116,7 @@ def test_client_process_exits_2_on_model_mismatch(tmp_path: Path) -> None:
 
 def test_launcher_virtual_mode_prints_one_row_per_round(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, "-m", "fedguard.launch", "--clients", "6", "-k", "3", "--rounds", "3",
+    r = subprocess.run([sys.executable, "-m", "fedlaunch", "--clients", "6", "-k", "3", "--rounds", "3",
                         "--virtual", "--procs", "2", "--run-dir", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=180, env=_env(), cwd=root)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -136,7 +136,7 @@ def test_launcher_virtual_mode_prints_one_row_per_round(tmp_path: Path) -> None:
     # The launcher ran mutual TLS with a throw-away CA (deleted afterwards); plaintext gives the same model, bit
     # for bit.
     assert "(mutual TLS)" in r.stdout
-    plain = subprocess.run([sys.executable, "-m", "fedguard.launch", "--clients", "6", "-k", "3", "--rounds", "3",
+    plain = subprocess.run([sys.executable, "-m", "fedlaunch", "--clients", "6", "-k", "3", "--rounds", "3",
                             "--virtual", "--procs", "2", "--insecure", "--run-dir", str(tmp_path / "plain")],
                            capture_output=True, text=True, timeout=180, env=_env(), cwd=root)
     assert plain.returncode == 0 and "(plaintext)" in plain.stdout, plain.stdout + plain.stderr

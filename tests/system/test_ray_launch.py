@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _launch(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": ""}  # a local instance, never a shared cluster
-    return subprocess.run([sys.executable, "-m", "fedguard.launch", "--clients", "12", "-k", "4", "--rounds", "3",
+    return subprocess.run([sys.executable, "-m", "fedlaunch", "--clients", "12", "-k", "4", "--rounds", "3",
                            "--procs", "2", "--trainer", "vanilla", "--torch-threads", "1", "--run-dir", str(run_dir),
                            *extra],
                           capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)

@@ -141,16 +141,16 @@ def test_device_resolution_is_clear_when_no_gpu(monkeypatch: pytest.MonkeyPatch)
 def test_launcher_waits_for_the_fleet_unless_the_experiment_says_otherwise() -> None:
     import argparse
 
-    from fedguard.launch import _configures_min_available
+    from fedlaunch.plan import configures_min_available
 
-    assert not _configures_min_available(argparse.Namespace(server_set=[], server_part={"rounds": {"num_rounds": 3}}))
-    assert _configures_min_available(argparse.Namespace(server_set=[], server_part={"rounds": {"min_available": 5}}))
-    assert _configures_min_available(argparse.Namespace(server_set=["rounds.min_available = 2"], server_part={}))
+    assert not configures_min_available(argparse.Namespace(server_set=[], server_part={"rounds": {"num_rounds": 3}}))
+    assert configures_min_available(argparse.Namespace(server_set=[], server_part={"rounds": {"min_available": 5}}))
+    assert configures_min_available(argparse.Namespace(server_set=["rounds.min_available = 2"], server_part={}))
 
 
 
 def test_launcher_attack_table_layers_file_options_flags() -> None:
-    from fedguard.launch import attack_table
+    from fedlaunch.plan import attack_table
 
     base = {"gamma_tol": 0.001, "dev_type": "std"}
     table = attack_table(base, ["dev_type=unit", "gamma_init = 5.0"], "dyn_opt", "full")
@@ -176,7 +176,7 @@ def _launch_args(**kw: object) -> argparse.Namespace:
 def test_launcher_simulation_plan_applies_fractions_and_traces(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from fedguard.launch import client_id, simulation_plan
+    from fedlaunch.plan import client_id, simulation_plan
 
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({client_id(3): [[0, 60]], "*": [[5, 1000]]}))
@@ -211,7 +211,7 @@ def test_a_batchnorm_model_trains_on_a_shard_of_one_modulo_the_batch_size() -> N
 
 
 def test_a_host_spec_writes_certificates_only_inside_its_own_directory() -> None:
-    from fedguard.launch import HostSpec, host_clients
+    from fedlaunch.hosts import HostSpec, host_clients
 
     for rel in ("../escape.pem", "/etc/evil.pem"):
         with pytest.raises(ValueError, match="not a path inside the host's own directory"):

@@ -26,7 +26,7 @@ def test_the_help_name_lists_are_the_registries() -> None:
 @pytest.mark.parametrize(("module", "lists"), [
     ("fedserver.cli", ("TRAINERS", "RULES", "DETECTORS", "DATASETS", "MODELS", "NFL_MODES")),
     ("fedclient.cli", ("TRAINERS", "DATASETS", "ATTACKS")),
-    ("fedguard.launch", ("TRAINERS", "RULES", "DETECTORS", "ATTACKS", "DATASETS", "MODELS", "NFL_MODES")),
+    ("fedlaunch.options", ("TRAINERS", "RULES", "DETECTORS", "ATTACKS", "DATASETS", "MODELS", "NFL_MODES")),
 ])
 def test_every_registered_name_is_in_the_help(module: str, lists: tuple[str, ...]) -> None:
     import importlib
@@ -101,8 +101,8 @@ def test_client_processes_are_counted_from_proc(tmp_path: Path) -> None:
     from fedcore.cores import client_processes, is_client_command
 
     commands = {"1": ["python", "-m", "fedclient", "--server", "x"], "2": ["/venv/bin/fedclient", "--insecure"],
-                "3": ["python", "-m", "fedguard.launch", "worker", "--spec", "h.json"],
-                "4": ["python", "-m", "fedserver"], "5": ["python", "-m", "fedguard.launch", "--clients", "3"],
+                "3": ["python", "-m", "fedlaunch", "worker", "--spec", "h.json"],
+                "4": ["python", "-m", "fedserver"], "5": ["python", "-m", "fedlaunch", "--clients", "3"],
                 "6": ["vim", "fedclient/cli.py"]}
     for pid, argv in commands.items():
         (tmp_path / pid).mkdir()
@@ -116,7 +116,7 @@ def test_client_processes_are_counted_from_proc(tmp_path: Path) -> None:
 # ---- the launcher ----
 
 def test_last_error_reads_the_exception_the_cli_line_and_the_error_event(tmp_path: Path) -> None:
-    from fedguard.launch import last_error
+    from fedlaunch.logs import last_error
 
     log = tmp_path / "server.log"
     log.write_text("\n".join([
@@ -137,7 +137,7 @@ def test_last_error_reads_the_exception_the_cli_line_and_the_error_event(tmp_pat
 def test_resume_keeps_the_saved_arguments_and_refuses_a_changed_federation(tmp_path: Path) -> None:
     import argparse
 
-    from fedguard.launch import LAUNCH_FILE, build_parser, given_options, resume_arguments, save_arguments
+    from fedlaunch.options import LAUNCH_FILE, build_parser, given_options, resume_arguments, save_arguments
 
     argv = ["--clients", "3", "--rounds", "40", "--trainer", "noop", "--server-set", "nfl.nr=5"]
     args = build_parser().parse_args(argv)
@@ -156,7 +156,8 @@ def test_resume_keeps_the_saved_arguments_and_refuses_a_changed_federation(tmp_p
 
 
 def test_eta_and_local_data_options() -> None:
-    from fedguard.launch import eta, local_data_options
+    from fedlaunch.options import local_data_options
+    from fedlaunch.progress import eta
 
     assert eta(0, 10, 5.0) == "ETA -" and eta(5, 10, 5.0) == "ETA 5s" and eta(1, 100, 2.0) == "ETA 3m18s"
     assert eta(10, 10, 3.0) == "ETA 0s"
@@ -197,7 +198,7 @@ def test_the_console_shows_one_short_line_per_round(capsys: pytest.CaptureFixtur
 
 
 def test_progress_is_one_rewritten_line_on_a_terminal_and_rare_plain_lines_otherwise() -> None:
-    from fedguard.launch import Progress
+    from fedlaunch.progress import Progress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedguard.export import NFL_CODES, RunFileError, read_rounds
+from fedlaunch.export import NFL_CODES, RunFileError, read_rounds
 
 NFL_NAMES = {code: name for name, code in NFL_CODES.items()}
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.report import RoundReport
-from fedguard.export import RunFileError, read_rounds
+from fedlaunch.export import RunFileError, read_rounds
 
 # fedcore.config.OPERATOR_TOKEN_ENV (not imported: fedcore.config imports torch, and --help must be quick; a test
 # holds the two equal)
@@ -77,8 +77,10 @@ def _nfl_dp_line(r: RoundReport) -> str:
             f"DP {eps}")
 
 
-def live_view(address: str, args: argparse.Namespace) -> View:
-    """GetStatus of a live server with the operator credential."""
+def live_view(address: str, args: argparse.Namespace, seen: Sequence[RoundReport] = ()) -> View:
+    """GetStatus of a live server with the operator credential. ``seen``: the rounds an earlier call returned; only
+    the later ones are asked for (``since_round``), so ``--watch`` costs the same each time however long the
+    history."""
     import grpc
 
     from fedguard import wire
@@ -95,7 +97,9 @@ def live_view(address: str, args: argparse.Namespace) -> View:
         channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root, key, cert), options=opts)
     try:
         stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
-        reply = stub.GetStatus(pb.StatusRequest(), timeout=args.timeout, metadata=[("fg-operator", token)])
+        since = seen[-1].round if seen else 0
+        reply = stub.GetStatus(pb.StatusRequest(since_round=since), timeout=args.timeout,
+                               metadata=[("fg-operator", token)])
     except grpc.RpcError as e:
         code = e.code().name if hasattr(e, "code") else "ERROR"
         detail = e.details() if hasattr(e, "details") else str(e)
@@ -103,7 +107,8 @@ def live_view(address: str, args: argparse.Namespace) -> View:
     finally:
         channel.close()
     s = wire.status_from_pb(reply)
-    view = View(rounds=list(s.history), finished=s.finished)
+    # A server older than since_round sends every round.
+    view = View(rounds=[*seen, *(r for r in s.history if r.round > since)], finished=s.finished)
     view.lines.append(f"server {address}  federation {s.federation_id}  round {s.round} of {s.num_rounds}  "
                       f"phase {s.phase}{'  outcome ' + s.outcome if s.outcome else ''}"
                       f"{'  (stopping)' if s.stopping else ''}")
@@ -115,13 +120,13 @@ def live_view(address: str, args: argparse.Namespace) -> View:
     if s.distfl.enabled:
         view.lines.append(f"DistFL: {len(s.distfl.clusters)} clusters {dict(s.distfl.clusters)}, "
                           f"{s.distfl.pending} pending")
-    if s.history:
-        view.lines.append(_nfl_dp_line(s.history[-1]))
+    if view.rounds:
+        view.lines.append(_nfl_dp_line(view.rounds[-1]))
     return view
 
 
 def render(view: View, last: int) -> str:
-    from fedguard.launch import format_header, format_row
+    from fedlaunch.progress import format_header, format_row
 
     out = list(view.lines)
     rows = view.rounds[-last:] if last > 0 else view.rounds
@@ -198,8 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fedguard-status: {args.target}: neither a run directory nor host:port", file=sys.stderr)
         return 2
     try:
+        view = View()
         while True:
-            view = live_view(args.target, args) if live else run_dir_view(target)
+            view = live_view(args.target, args, view.rounds) if live else run_dir_view(target)
             text = render(view, args.rounds)
             if args.watch is not None and sys.stdout.isatty():
                 sys.stdout.write("\x1b[H\x1b[2J")

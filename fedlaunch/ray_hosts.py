@@ -1,7 +1,7 @@
 """The launcher's Ray backend: client hosts as Ray actors spread over a Ray cluster (``fedguard-launch --ray``).
 
 The server stays a standalone ``fedserver`` process on the launching machine. Each client host is an actor
-(:class:`ClientHost`) that runs :func:`fedguard.launch.host_clients` on a :class:`fedguard.launch.HostSpec`: many
+(:class:`ClientHost`) that runs :func:`fedlaunch.hosts.host_clients` on a :class:`fedlaunch.hosts.HostSpec`: many
 virtual clients, each a real gRPC client with its own channel to the server. Ray places the actors by the
 resources each asks for (``--ray-cpus``, ``--ray-gpus``, ``--ray-resources``); the certificates a host needs
 travel inside its spec, so hosts on other machines need only fedguard installed (``pip install fedguard[ray]``),
@@ -15,7 +15,7 @@ import json
 import subprocess
 from typing import Any
 
-from fedguard.launch import HostSpec, host_clients
+from fedlaunch.hosts import HostSpec, host_clients
 
 
 class ClientHost:
@@ -26,7 +26,7 @@ class ClientHost:
 
 
 class RayHost:
-    """A running :class:`ClientHost`, seen by the launcher like a worker process (:class:`fedguard.launch.Host`)."""
+    """A running :class:`ClientHost`, seen by the launcher like a worker process (:class:`fedlaunch.supervise.Host`)."""
 
     def __init__(self, actor: Any, ref: Any) -> None:
         self.actor, self.ref = actor, ref
