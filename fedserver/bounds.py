@@ -81,22 +81,36 @@ def check_leave(r: pb.LeaveRequest) -> None:
     _text(r.reason, "reason", MAX_REASON)
 
 
-def check_metrics(metrics: Mapping[str, float]) -> None:
+def check_metrics(metrics: Mapping[str, float], field: str = "metrics") -> None:
     if len(metrics) > MAX_METRICS:
-        raise _bad("metrics", f"at most {MAX_METRICS} entries, got {len(metrics)}")
+        raise _bad(field, f"at most {MAX_METRICS} entries, got {len(metrics)}")
     for name, value in metrics.items():
         if len(name) > MAX_METRIC_NAME or not name.replace(".", "_").isidentifier():
-            raise _bad("metrics", f"metric name {shorten(name, 40)!r} must be an identifier of at most "
-                                  f"{MAX_METRIC_NAME} characters")
-        _number(value, f"metrics[{name}]", -MAX_METRIC_VALUE, MAX_METRIC_VALUE)
+            raise _bad(field, f"metric name {shorten(name, 40)!r} must be an identifier of at most "
+                              f"{MAX_METRIC_NAME} characters")
+        _number(value, f"{field}[{name}]", -MAX_METRIC_VALUE, MAX_METRIC_VALUE)
+
+
+def check_update_report(r: pb.UpdateReport) -> None:
+    """The sizes of an :class:`~fedcore.update_report.UpdateReport` message; the ranges of its numbers are the
+    intake's (:meth:`UpdateReport.bounds_error`, recorded against the round)."""
+    _count(r.num_samples, "report.num_samples", MAX_SAMPLES)
+    _number(r.train_loss, "report.train_loss", -MAX_LOSS, MAX_LOSS)
+    for f, value in r.ListFields():
+        if f.type == f.TYPE_DOUBLE and f.name != "train_loss":
+            _number(value, f"report.{f.name}", -MAX_METRIC_VALUE, MAX_METRIC_VALUE)
+    check_metrics(r.extras, "report.extras")
 
 
 def check_update_header(h: pb.UpdateHeader) -> None:
     check_session(h.session_id)
     _count(h.round, "round", MAX_ROUND)
+    # A client from before the UpdateReport message sends these three (read only when `report` is absent).
     _count(h.num_samples, "num_samples", MAX_SAMPLES)
     _number(h.train_loss, "train_loss", -MAX_LOSS, MAX_LOSS)  # beta_hat's range is the intake's (recorded)
     check_metrics(h.metrics)
+    if h.HasField("report"):
+        check_update_report(h.report)
     if len(h.tensors) > MAX_TENSORS:
         raise _bad("tensors", f"at most {MAX_TENSORS} tensors")
     for t in h.tensors:

@@ -67,13 +67,14 @@ class RoundFinalizer:
 
 def build_report(log: RoundLog, state: rm.RoundState, reason: str, central: float, metrics: dict[str, float],
                  seconds: float) -> RoundReport:
-    """The round's report from the accepted clients' numbers (reduced in client-id order)."""
+    """The round's report from the accepted clients' :class:`~fedcore.update_report.UpdateReport` s (reduced in
+    client-id order)."""
     reports = dict(sorted(log.reports.items()))
     attackers = {c for c in reports if c in state.clients and state.clients[c].attacker}
     holdouts = {c for c in reports if c in state.clients and state.clients[c].opt_out}
     n_total = sum(r.num_samples for r in reports.values())
-    acc = {c: r.metrics["test_accuracy"] for c, r in reports.items() if "test_accuracy" in r.metrics}
-    private = {c: r.metrics["private_accuracy"] for c, r in reports.items() if "private_accuracy" in r.metrics}
+    acc = {c: r.test_accuracy for c, r in reports.items() if r.test_accuracy is not None}
+    private = {c: r.private_accuracy for c, r in reports.items() if r.private_accuracy is not None}
     sizes = {c: r.num_samples for c, r in reports.items()}
     betas = _betas(acc, private, sizes, attackers)
     return RoundReport(
@@ -90,14 +91,14 @@ def build_report(log: RoundLog, state: rm.RoundState, reason: str, central: floa
         beta_hat=median([r.beta_hat for r in reports.values() if r.beta_hat is not None]),
         beta_hat_error=mean([abs(r.beta_hat - (acc[c] - private[c])) for c, r in reports.items()
                              if r.beta_hat is not None and c in acc and c in private]),
-        adapting=sum(1 for r in reports.values() if r.metrics.get("adapting", 0.0) > 0.5),
+        adapting=sum(1 for r in reports.values() if r.adapting),
         holdouts=len(holdouts),
         beta_adapting=_benign_beta(acc, private, attackers | holdouts),
         beta_holdout=_benign_beta({c: a for c, a in acc.items() if c in holdouts}, private, attackers),
         test_accuracy_adapting=mean([a for c, a in acc.items() if c not in attackers | holdouts]),
         test_accuracy_holdout=mean([a for c, a in acc.items() if c in holdouts and c not in attackers]),
-        client_seconds=math.fsum(r.metrics.get("train_seconds", 0.0) for r in reports.values()),
-        client_passes=mean([r.metrics.get("passes", 1.0) for r in reports.values()]),
+        client_seconds=math.fsum(r.train_seconds for r in reports.values()),
+        client_passes=mean([r.passes for r in reports.values()]),
         seconds=seconds, outcome=reason, metrics=metrics,
     )
 

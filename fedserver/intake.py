@@ -10,7 +10,6 @@ as a :class:`~fedserver.errors.ProtocolError` with its reason.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ from fedcore.config import ServerConfig, effective_aggregation
 from fedcore.log import get_logger
 from fedcore.nfl import OFF
 from fedcore.serialization import TensorMeta
+from fedcore.update_report import UpdateReport
 from fedserver.clusters import UpdateBuffer
 from fedserver.errors import ProtocolError
 from fedserver.global_models import GlobalModels
@@ -33,35 +33,23 @@ class UpdateTicket:
 
     client_id: str
     round: int
-    num_samples: int
     is_delta: bool
-    train_loss: float
-    beta_hat: float | None
-    metrics: dict[str, float]
+    report: UpdateReport
     model_id: str
     # The attempt of the round the update was admitted in: a round restarted meanwhile is another attempt.
     attempt: int = 0
 
 
 @dataclass
-class ClientReport:
-    """What one accepted client reported with its update (numbers only; the tensors went to the aggregator)."""
-
-    num_samples: int
-    train_loss: float
-    beta_hat: float | None
-    metrics: dict[str, float]
-
-
-@dataclass
 class RoundLog:
-    """The accepted clients' reports of the round in progress, keyed by client id."""
+    """The accepted clients' reports of the round in progress (what each sent besides its tensors), keyed by
+    client id."""
 
     round: int
     started_at: float
     selected: int = 0
     attempt: int = 0
-    reports: dict[str, ClientReport] = field(default_factory=dict)
+    reports: dict[str, UpdateReport] = field(default_factory=dict)
 
 
 class UpdateIntake:
@@ -99,10 +87,10 @@ class UpdateIntake:
     def finished_round(self) -> None:
         self.aggregator, self.round_log = None, None
 
-    def begin(self, client_id: str, round_: int, num_samples: int, is_delta: bool, train_loss: float,
-              beta_hat: float | None, metrics: Mapping[str, float], manifest: list[TensorMeta],
+    def begin(self, client_id: str, round_: int, report: UpdateReport, is_delta: bool, manifest: list[TensorMeta],
               announced_bytes: int) -> UpdateTicket:
-        """Admission of an update header; raises :class:`ProtocolError` (and records the rejection)."""
+        """Admission of an update header; raises :class:`ProtocolError` (and records the rejection). ``report``'s
+        numbers are bounded here (:meth:`UpdateReport.bounds_error`), after the round's admission."""
         reason = rm.admission(self._state(), client_id, round_)
         if reason is not None:
             self.reject(client_id, round_, "FAILED_PRECONDITION", reason)
@@ -112,21 +100,14 @@ class UpdateIntake:
                         f"update of {announced_bytes} bytes exceeds the limit of {limit}")
         if manifest != self.models.manifest:
             self.reject(client_id, round_, "INVALID_ARGUMENT", manifest_mismatch(manifest, self.models.manifest))
-        if num_samples < 1:
-            self.reject(client_id, round_, "INVALID_ARGUMENT", f"num_samples must be >= 1, got {num_samples}")
-        if not math.isfinite(train_loss) or (beta_hat is not None and not math.isfinite(beta_hat)):
-            self.reject(client_id, round_, "INVALID_ARGUMENT", "train_loss and beta_hat must be finite")
-        if beta_hat is not None and not -1.0 <= beta_hat <= 1.0:
-            self.reject(client_id, round_, "INVALID_ARGUMENT",
-                        f"beta_hat must be in [-1, 1] (a difference of two accuracies), got {beta_hat}")
-        if beta_hat is None and self.config.nfl.mode != OFF:
+        out_of_bounds = report.bounds_error()
+        if out_of_bounds is not None:
+            self.reject(client_id, round_, "INVALID_ARGUMENT", out_of_bounds)
+        if report.beta_hat is None and self.config.nfl.mode != OFF:
             self.log.debug("update.no_beta_hat", client_id=client_id, round=round_,
                            reason="update without beta_hat: aggregated, not counted for the NFL detector")
-        bad_metric = next((k for k, v in metrics.items() if not math.isfinite(v)), None)
-        if bad_metric is not None:
-            self.reject(client_id, round_, "INVALID_ARGUMENT", f"metric {bad_metric!r} is not finite")
-        return UpdateTicket(client_id, round_, num_samples, is_delta, train_loss, beta_hat, dict(metrics),
-                            self._model_id_for(client_id), self._state().attempt)
+        return UpdateTicket(client_id, round_, is_delta, report, self._model_id_for(client_id),
+                            self._state().attempt)
 
     def closed(self, ticket: UpdateTicket) -> str | None:
         """Why an update being received can no longer be taken (its round or attempt is over), or None."""
@@ -163,13 +144,12 @@ class UpdateIntake:
             self.reject_ticket(ticket, "INVALID_ARGUMENT", f"tensor {bad!r} has non-finite values")
         assert self.aggregator is not None and self.round_log is not None
         try:
-            self.aggregator.add(flat, float(ticket.num_samples), key=cid)
+            self.aggregator.add(flat, float(ticket.report.num_samples), key=cid)
         except ValueError as e:
             self.reject_ticket(ticket, "INVALID_ARGUMENT", str(e))
-        self.round_log.reports[cid] = ClientReport(ticket.num_samples, ticket.train_loss, ticket.beta_hat,
-                                                   ticket.metrics)
-        self.log.info("update.accepted", client_id=cid, round=round_, num_samples=ticket.num_samples,
-                      train_loss=round(ticket.train_loss, 5))
+        self.round_log.reports[cid] = ticket.report
+        self.log.info("update.accepted", client_id=cid, round=round_, num_samples=ticket.report.num_samples,
+                      train_loss=round(ticket.report.train_loss, 5))
         self._observe(rm.UpdateAccepted(cid, round_, self._clock()))
 
 

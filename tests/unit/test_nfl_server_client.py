@@ -20,8 +20,9 @@ from fedcore.models import build_model, model_manifest
 from fedcore.nfl import NflConfig
 from fedcore.report import RoundReport
 from fedcore.train.trainers import TRAINER_STATE_FILE
+from fedcore.update_report import UpdateReport
 from fedserver.finalize import build_report
-from fedserver.intake import ClientReport, RoundLog
+from fedserver.intake import RoundLog
 from fedserver.nfl_monitor import NflMonitor
 
 # ---- server: the round's median and the monitor ----
@@ -30,7 +31,8 @@ from fedserver.nfl_monitor import NflMonitor
 def _log(betas: dict[str, float | None], acc: float = 0.5, private: float = 0.7) -> RoundLog:
     log = RoundLog(round=1, started_at=0.0, selected=len(betas))
     for cid, b in betas.items():
-        log.reports[cid] = ClientReport(10, 0.1, b, {"test_accuracy": acc, "private_accuracy": private})
+        log.reports[cid] = UpdateReport(num_samples=10, train_loss=0.1, beta_hat=b, test_accuracy=acc,
+                                        private_accuracy=private)
     return log
 
 
@@ -152,11 +154,13 @@ def test_individual_measures_start_adaptation_and_survive_a_client_restart(tmp_p
     assert m3["adapting"] == 0.0
 
 
-def test_fabricated_beta_hat_is_sent_the_measured_one_kept(tmp_path: Path) -> None:
+def test_the_local_round_sends_the_measured_beta_hat_attacks_are_mods(tmp_path: Path) -> None:
+    """LocalRound plays no attack, even with one configured: the fabricated beta_hat_i is a client mod
+    (tests/unit/test_client_mods.py)."""
     start = build_model("mlp", {}).state_dict()
     local = LocalRound(ClientConfig(attack=AttackConfig(fake_beta_hat=0.75)), "c0", get_logger("test"))
     _, m, sent = _round(local, _fed(nr=1000), start, 1, False)
-    assert sent == 0.75 and m["beta_hat_measured"] != 0.75
+    assert sent == m["beta_hat_measured"] != 0.75
 
 
 def test_a_corrupt_trainer_state_is_a_clear_error_and_is_left_alone(tmp_path: Path) -> None:

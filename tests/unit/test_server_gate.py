@@ -44,6 +44,12 @@ def test_one_upload_and_one_pull_per_session_and_a_byte_ceiling() -> None:
     pb.UpdateHeader(session_id="s", metrics={f"m{i}": 1.0 for i in range(100)}),
     pb.UpdateHeader(session_id="s", payload_sha256=b"short"),
     pb.UpdateHeader(session_id="s" * 100),
+    pb.UpdateHeader(session_id="s", report=pb.UpdateReport(train_loss=math.nan)),
+    pb.UpdateHeader(session_id="s", report=pb.UpdateReport(num_samples=1 << 50)),
+    pb.UpdateHeader(session_id="s", report=pb.UpdateReport(num_samples=1, test_loss=1e300)),
+    pb.UpdateHeader(session_id="s", report=pb.UpdateReport(num_samples=1, beta_hat=math.inf)),
+    pb.UpdateHeader(session_id="s", report=pb.UpdateReport(extras={"bad name!": 1.0})),
+    pb.UpdateHeader(session_id="s", report=pb.UpdateReport(extras={f"m{i}": 1.0 for i in range(100)})),
 ])
 def test_absurd_update_headers_are_refused_naming_the_field(header: pb.UpdateHeader) -> None:
     with pytest.raises(ProtocolError) as e:
@@ -51,6 +57,8 @@ def test_absurd_update_headers_are_refused_naming_the_field(header: pb.UpdateHea
     assert e.value.code == "INVALID_ARGUMENT" and ":" in e.value.message
     bounds.check_update_header(pb.UpdateHeader(session_id="s", num_samples=10, train_loss=0.5,
                                                metrics={"test_accuracy": 0.9, "lambda.mean": 0.1}))
+    bounds.check_update_header(pb.UpdateHeader(session_id="s", report=pb.UpdateReport(
+        num_samples=10, train_loss=0.5, beta_hat=-0.25, test_accuracy=0.9, extras={"lambda.mean": 0.1})))
 
 
 def test_certificate_identity_prefers_the_fedguard_uri() -> None:
@@ -69,6 +77,7 @@ def test_an_upload_admitted_before_the_round_restarted_is_not_counted_against_th
     from fedcore import rounds as rm
     from fedcore.config import ServerConfig
     from fedcore.models import build_model, model_manifest
+    from fedcore.update_report import UpdateReport
     from fedserver.global_models import GlobalModels
     from fedserver.intake import UpdateIntake
 
@@ -78,7 +87,7 @@ def test_an_upload_admitted_before_the_round_restarted_is_not_counted_against_th
     intake = UpdateIntake(ServerConfig(), GlobalModels.of(model), lambda: state, seen.append, lambda: 0.0,
                           lambda cid: "global")
     intake.open_round(1, 0, 1, 0.0)
-    ticket = intake.begin("a", 1, 10, False, 0.5, None, {}, model_manifest(model), 0)
+    ticket = intake.begin("a", 1, UpdateReport(num_samples=10, train_loss=0.5), False, model_manifest(model), 0)
     assert ticket.attempt == 0
     state.attempt = 1  # the round was abandoned and re-run while the upload was in flight
     with pytest.raises(ProtocolError, match="truncated"):
