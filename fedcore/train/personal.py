@@ -50,7 +50,8 @@ from torch.nn import functional as F
 from fedcore.checks import is_finite_number, is_int
 from fedcore.config import ConfigError, TrainingConfig, from_dict
 from fedcore.seeds import RoundSeeds, derive_seed
-from fedcore.train import Batches, TrainResult, deterministic_dropout, model_device, shuffled_batches, train_local
+from fedcore.train import Batches, TrainResult, model_device, shuffled_batches, train_local
+from fedcore.train.loop import LossMeter, Optimised, StepHooks, fill_missing_grads, run_sgd, sgd_step
 from fedcore.train.trainers import (
     Trainer,
     TrainerFactory,
@@ -157,45 +158,26 @@ def _personal_sgd(v: nn.Module, params: list[torch.Tensor], anchors: list[torch.
     """``epochs`` epochs of SGD of ``params`` (of ``v``) on ℓ(v) + (λ/2)‖v − a‖² over a shuffle of (x, y) seeded
     with ``batch_seed``: Ditto's personal solver (Ditto Algorithm 1, lines 6–8) and, with λ = 0, FT/FB's
     fine-tuning. ``anchors`` (a, one per param, not modified) are read without gradient; the proximal gradient
-    λ(v − a) is added to ∇ℓ in place. The optimiser is fresh SGD with the round's momentum and weight decay, and
-    the round's gradient-norm clip applies to the objective's gradient; no FedProx term. Dropout masks from a
-    generator seeded with ``dropout_seed``."""
-    opt = torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    source = shuffled_batches(x, y, config.batch_size, batch_seed)
-    dev = model_device(v)
-    v.train()
-    total = torch.zeros((), dtype=torch.float64, device=dev)
-    total_ce = torch.zeros((), dtype=torch.float64, device=dev)
-    steps = 0
+    λ(v − a) is added to ∇ℓ in place (a ``grad_transform`` of :func:`fedcore.train.loop.run_sgd`). The optimiser
+    is fresh SGD with the round's momentum and weight decay, and the round's gradient-norm clip applies to the
+    objective's gradient; no FedProx term. Dropout masks from a generator seeded with ``dropout_seed``."""
+    optimised = Optimised.sgd(params, lr, config)
+    meter = LossMeter(model_device(v))
+
+    def proximal_gradient(loss: torch.Tensor) -> None:
+        grads = fill_missing_grads(params)
+        diffs = torch._foreach_sub(params, anchors)
+        sq = torch.stack([n.double() for n in torch._foreach_norm(diffs)]).pow(2).sum()
+        torch._foreach_add_(grads, diffs, alpha=lam)  # ∇ = ∇ℓ(v) + λ(v − a)
+        meter.add(loss=loss.detach().double() + 0.5 * lam * sq)
+
     prox = lam > 0 and bool(anchors)
     start = time.perf_counter()
-    with deterministic_dropout(v, dropout_seed):
-        for e in range(epochs):
-            for xb_, yb_ in source(e):
-                xb, yb = xb_.to(dev, non_blocking=True), yb_.to(dev, non_blocking=True)
-                opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(v(xb), yb)
-                loss.backward()  # type: ignore[no-untyped-call]
-                total_ce += loss.detach().double()
-                if prox:
-                    with torch.no_grad():
-                        for p in params:
-                            if p.grad is None:  # a parameter the loss does not reach: ∇ℓ = 0
-                                p.grad = torch.zeros_like(p)
-                        grads = [p.grad for p in params if p.grad is not None]
-                        diffs = torch._foreach_sub(params, anchors)
-                        sq = torch.stack([n.double() for n in torch._foreach_norm(diffs)]).pow(2).sum()
-                        torch._foreach_add_(grads, diffs, alpha=lam)  # ∇ = ∇ℓ(v) + λ(v − a)
-                        total += loss.detach().double() + 0.5 * lam * sq
-                else:
-                    total += loss.detach().double()
-                if config.grad_clip_norm > 0:
-                    nn.utils.clip_grad_norm_(params, config.grad_clip_norm)
-                opt.step()
-                steps += 1
-    n = max(steps, 1)
-    mean, mean_ce = float(total) / n, float(total_ce) / n  # synchronises: the time includes the device's work
-    return _PersonalRun(steps, mean, mean_ce, time.perf_counter() - start)
+    res = run_sgd(v, shuffled_batches(x, y, config.batch_size, batch_seed), epochs, [optimised],
+                  dropout_seed=dropout_seed, hooks=StepHooks(grad_transform=proximal_gradient) if prox else None)
+    # the loop's loss is the cross-entropy; with the proximal term the objective's mean is the meter's
+    mean = meter.mean("loss", res.steps) if prox else res.loss  # synchronises: the time includes the device's work
+    return _PersonalRun(res.steps, mean, res.loss, time.perf_counter() - start)
 
 
 def _round_metrics(run: _PersonalRun, global_steps: int) -> dict[str, float]:
@@ -250,41 +232,46 @@ def ditto_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
 
 @dataclass
 class _ApflAdapter(_Adapter):
-    """vᵢ and α for one round: ``step`` is APFL's personal update, run by
-    :func:`fedcore.train.trainers._train_with_adaptation` between the global copy's backward pass and its step (so
-    w_iʳ is read at the current step, and the global copy's trajectory is ``train_local``'s)."""
+    """vᵢ and α for one round: ``step`` is APFL's personal update, the ``after_backward`` hook of the global copy's
+    :func:`~fedcore.train.train_local` (:func:`fedcore.train.trainers._train_with_adaptation`), so w_iʳ is read at
+    the current step and the global copy's trajectory is ``train_local``'s."""
 
     names: list[str] = field(default_factory=list)  # vᵢ's parameter names, aligned with params/anchors
     alpha: torch.Tensor = field(default_factory=lambda: torch.zeros(()))  # 0-d leaf on the device
     alpha_lr: float = 0.0
     seconds: float = 0.0
-    steps: int = 0
+    _grad_alpha: torch.Tensor | None = None
+    _started: float = 0.0
 
     def step(self, xb: torch.Tensor, yb: torch.Tensor, loss_w: torch.Tensor) -> None:
         """APFL Algorithm 1, lines 7–8 (w_iʳ's own step, line 6, is the caller's): with v̄ = α vᵢ + (1−α) w_iʳ
         (w_iʳ detached), vᵢ ← vᵢ − η ∇_v ℓ(v̄) = vᵢ − η α ∇ℓ(v̄) and α ← Π_[0,1](α − η_α ∇_α ℓ(v̄)),
         ∇_α ℓ(v̄) = ⟨vᵢ − w_iʳ, ∇ℓ(v̄)⟩ (Eq. 10), both gradients at the same point by autograd on the mixed model."""
-        start = time.perf_counter()
-        self.opt.zero_grad(set_to_none=True)
+        sgd_step(self.model, xb, yb, [self.optimised],
+                 StepHooks(objective=self._mixed_loss, before_step=self._start, grad_transform=self._keep_grads,
+                           after_step=self._step_alpha))
+
+    def _start(self) -> None:
+        self._started = time.perf_counter()
+        self.alpha.grad = None
+
+    def _mixed_loss(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         a = self.alpha
-        a.grad = None
         mixed = {n: a * v + (1.0 - a) * w.detach() for n, v, w in zip(self.names, self.params, self.anchors,
                                                                      strict=True)}
-        loss = F.cross_entropy(functional_call(self.model, mixed, (xb,)), yb)
-        loss.backward()  # type: ignore[no-untyped-call]
+        return F.cross_entropy(functional_call(model, mixed, (xb,)), yb)
+
+    def _keep_grads(self, loss: torch.Tensor) -> None:
+        fill_missing_grads(self.params)
+        a = self.alpha
+        self._grad_alpha = a.grad if a.grad is not None else torch.zeros_like(a)
+        self.meter.add(ce=loss)
+
+    def _step_alpha(self) -> None:
+        assert self._grad_alpha is not None
         with torch.no_grad():
-            for p in self.params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            grad_a = a.grad if a.grad is not None else torch.zeros_like(a)
-            self.total_ce += loss.detach().double()
-        if self.clip > 0:
-            nn.utils.clip_grad_norm_(self.params, self.clip)
-        self.opt.step()
-        with torch.no_grad():
-            a.sub_(self.alpha_lr * grad_a).clamp_(0.0, 1.0)
-        self.steps += 1
-        self.seconds += time.perf_counter() - start
+            self.alpha.sub_(self.alpha_lr * self._grad_alpha).clamp_(0.0, 1.0)
+        self.seconds += time.perf_counter() - self._started
 
 
 def apfl_mix(alpha: float, personal: Mapping[str, torch.Tensor],
@@ -351,10 +338,10 @@ def apfl_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
             names=[n for n, _ in base.model.named_parameters()],
             alpha=torch.tensor(alpha0, dtype=torch.float32, device=dev, requires_grad=True),
             alpha_lr=lr if cfg.alpha_lr is None else cfg.alpha_lr)
-        res, _ = _train_with_adaptation(model, adapter, x, y, config, lr, seeds, epochs, batches)
+        res = _train_with_adaptation(model, adapter, x, y, config, lr, seeds, epochs, batches)
         alpha = float(adapter.alpha.detach())
-        ce = float(adapter.total_ce) / max(adapter.steps, 1)
-        run = _PersonalRun(adapter.steps, ce, ce, adapter.seconds)
+        ce = adapter.meter.mean("ce", res.steps)
+        run = _PersonalRun(res.steps, ce, ce, adapter.seconds)
         metrics = {**_round_metrics(run, res.steps), "alpha": alpha}
         if run.diverged or not math.isfinite(alpha):
             metrics["personal_diverged"] = 1.0

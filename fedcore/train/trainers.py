@@ -58,6 +58,15 @@ from fedcore.train import (
     shuffled_batches,
     train_local,
 )
+from fedcore.train.loop import (
+    Companion,
+    LossMeter,
+    Optimised,
+    StepHooks,
+    diverged,
+    fill_missing_grads,
+    sgd_step,
+)
 
 # Seed purpose of the adapted model's dropout masks: derive_seed(seeds.dropout, ADAPT_DROPOUT).
 ADAPT_DROPOUT = "adapt_dropout"
@@ -384,20 +393,22 @@ def lambda_weight(v_model: nn.Module, w_model: nn.Module, xb: torch.Tensor, yb: 
 
 @dataclass
 class _Adapter:
-    """vᵢ and what one round of its training needs (built per round, not kept)."""
+    """vᵢ and what one round of its training needs (built per round, not kept): :meth:`step` is the
+    ``after_backward`` hook of the global copy's :func:`~fedcore.train.train_local`, so vᵢ steps on each batch
+    between w_iʳ's backward pass and w_iʳ's own step."""
 
     model: nn.Module
-    opt: torch.optim.Optimizer
-    params: list[torch.Tensor]  # vᵢ's trainable parameters
+    optimised: Optimised  # vᵢ's trainable parameters, their SGD and clip
     anchors: list[torch.Tensor]  # w_iʳ's parameters of the same names (the live global copy)
     frozen: list[tuple[torch.Tensor, torch.Tensor]]  # (vᵢ tensor, w_iʳ tensor) of the frozen layers
-    clip: float
-    total_la: torch.Tensor
-    total_ce: torch.Tensor
-    lam_sum: torch.Tensor
+    meter: LossMeter  # la (L_a), ce (ℓ(vᵢ)), lam (λ) summed over the round
     lam_min: torch.Tensor
     lam_max: torch.Tensor
     diffs: list[torch.Tensor] = field(default_factory=list)  # scratch for vᵢ − w_iʳ, allocated once per round
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return self.optimised.params
 
     def sync_frozen(self) -> None:
         with torch.no_grad():
@@ -407,34 +418,28 @@ class _Adapter:
     def step(self, xb: torch.Tensor, yb: torch.Tensor, loss_w: torch.Tensor) -> None:
         """One adaptation step on the batch the global copy has just computed ``loss_w`` = ℓ(w_iʳ, b) on, with
         w_iʳ's weights as they are before its own step on that batch (Eq. 6–9)."""
-        self.sync_frozen()
-        self.opt.zero_grad(set_to_none=True)
-        loss_v = F.cross_entropy(self.model(xb), yb)
-        loss_v.backward()  # type: ignore[no-untyped-call]
-        with torch.no_grad():
-            for p in self.params:
-                if p.grad is None:  # a parameter the loss does not reach: ∇ℓ = 0
-                    p.grad = torch.zeros_like(p)
-            grads = [p.grad for p in self.params if p.grad is not None]
-            if not self.diffs:
-                self.diffs = [torch.empty_like(p) for p in self.params]
-            diffs = self.diffs
-            torch._foreach_copy_(diffs, self.params)
-            torch._foreach_sub_(diffs, self.anchors)
-            lam = _lambda_from(loss_v, loss_w, diffs, grads)
-            sq = torch.stack([n.float() for n in torch._foreach_norm(diffs)]).pow(2).sum()
-            # ∇_v L_a = ∇_v ℓ(vᵢ) + 2λ(vᵢ − w_iʳ), λ and w_iʳ constants (Eq. 9): added to the gradient in place
-            # rather than by a second backward pass.
-            torch._foreach_mul_(diffs, 2.0 * lam)
-            torch._foreach_add_(grads, diffs)
-            self.total_la += (loss_v.detach().float() + lam * sq).double()
-            self.total_ce += loss_v.detach().double()
-            self.lam_sum += lam.double()
-            self.lam_min = torch.minimum(self.lam_min, lam.double())
-            self.lam_max = torch.maximum(self.lam_max, lam.double())
-        if self.clip > 0:
-            nn.utils.clip_grad_norm_(self.params, self.clip)
-        self.opt.step()
+        def adapt_gradient(loss_v: torch.Tensor) -> None:
+            self._adapt_gradient(loss_v, loss_w)
+
+        sgd_step(self.model, xb, yb, [self.optimised],
+                 StepHooks(before_step=self.sync_frozen, grad_transform=adapt_gradient))
+
+    def _adapt_gradient(self, loss_v: torch.Tensor, loss_w: torch.Tensor) -> None:
+        """∇_v L_a = ∇_v ℓ(vᵢ) + 2λ(vᵢ − w_iʳ), λ and w_iʳ constants (Eq. 9): added to the gradient in place rather
+        than by a second backward pass; λ from the same gradient (Eq. 6–8)."""
+        grads = fill_missing_grads(self.params)
+        if not self.diffs:
+            self.diffs = [torch.empty_like(p) for p in self.params]
+        diffs = self.diffs
+        torch._foreach_copy_(diffs, self.params)
+        torch._foreach_sub_(diffs, self.anchors)
+        lam = _lambda_from(loss_v, loss_w, diffs, grads)
+        sq = torch.stack([n.float() for n in torch._foreach_norm(diffs)]).pow(2).sum()
+        torch._foreach_mul_(diffs, 2.0 * lam)
+        torch._foreach_add_(grads, diffs)
+        self.meter.add(la=loss_v.detach().float() + lam * sq, ce=loss_v, lam=lam)
+        self.lam_min = torch.minimum(self.lam_min, lam.double())
+        self.lam_max = torch.maximum(self.lam_max, lam.double())
 
 
 def _make_adapter(model: nn.Module, state: TrainerState, frozen_keys: tuple[str, ...], lr: float,
@@ -457,56 +462,23 @@ def _make_adapter(model: nn.Module, state: TrainerState, frozen_keys: tuple[str,
             anchors.append(w_named[n])
     v_tensors = {**dict(v.named_buffers()), **dict(v.named_parameters())}
     frozen = [(v_tensors[k], w_tensors[k]) for k in frozen_keys]
-    opt = torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
     dev = model_device(model)
-
-    def zero() -> torch.Tensor:
-        return torch.zeros((), dtype=torch.float64, device=dev)
-
-    return _Adapter(v, opt, params, anchors, frozen, config.grad_clip_norm, zero(), zero(), zero(),
+    return _Adapter(v, Optimised.sgd(params, lr, config), anchors, frozen, LossMeter(dev),
                     torch.full((), math.inf, dtype=torch.float64, device=dev),
                     torch.full((), -math.inf, dtype=torch.float64, device=dev))
 
 
 def _train_with_adaptation(model: nn.Module, adapter: _Adapter, x: torch.Tensor, y: torch.Tensor,
                            config: TrainingConfig, lr: float, seeds: RoundSeeds, epochs: int | None,
-                           batches: Batches | None) -> tuple[TrainResult, int]:
-    """:func:`fedcore.train.train_local`'s loop for the global copy, op for op (so its trajectory is
-    bit-identical for the same seeds), with one adaptation step of vᵢ on each batch between the global copy's
-    backward pass and its optimiser step. vᵢ's dropout masks come from their own generator."""
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    anchor = [p.detach().clone() for p in model.parameters()] if config.prox_mu > 0 else []
-    source = batches or shuffled_batches(x, y, config.batch_size, seeds.batches)
-    n_epochs = config.local_epochs if epochs is None else epochs
-    dev = model_device(model)
-    model.train()
-    adapter.model.train()
-    total = torch.zeros((), dtype=torch.float64, device=dev)
-    steps, samples = 0, 0
-    with deterministic_dropout(model, seeds.dropout), \
-            deterministic_dropout(adapter.model, derive_seed(seeds.dropout, ADAPT_DROPOUT)):
-        for e in range(n_epochs):
-            for xb_, yb_ in source(e):
-                xb, yb = xb_.to(dev, non_blocking=True), yb_.to(dev, non_blocking=True)
-                opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(xb), yb)
-                ce_w = loss
-                if anchor:
-                    prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor, strict=True))
-                    loss = loss + 0.5 * config.prox_mu * prox
-                loss.backward()  # type: ignore[no-untyped-call]
-                adapter.step(xb, yb, ce_w)  # reads w_iʳ before its step; touches none of its tensors
-                if config.grad_clip_norm > 0:
-                    nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
-                opt.step()
-                total += loss.detach()
-                steps += 1
-                samples += len(yb)
+                           batches: Batches | None) -> TrainResult:
+    """:func:`fedcore.train.train_local` of the global copy (the same call as ``vanilla``'s, so its trajectory is
+    bit-identical for the same seeds) with the adapter's step on each batch as its ``after_backward`` hook; vᵢ's
+    dropout masks come from their own generator (``derive_seed(seeds.dropout, "adapt_dropout")``)."""
+    res = train_local(model, x, y, config, learning_rate=lr, seed=seeds.batches, epochs=epochs, batches=batches,
+                      dropout_seed=seeds.dropout, after_backward=adapter.step,
+                      companions=[Companion(adapter.model, derive_seed(seeds.dropout, ADAPT_DROPOUT))])
     adapter.sync_frozen()  # frozen layers end equal to the trained global copy's
-    mean_loss = float(total) / max(steps, 1)
-    if steps and not math.isfinite(mean_loss):
-        raise FloatingPointError("local training diverged (non-finite loss); lower the learning rate")
-    return TrainResult(mean_loss, samples, steps), steps
+    return res
 
 
 def flguard_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
@@ -553,17 +525,17 @@ def flguard_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
         before = state.adapted
         if before is None:
             before = cpu_state(model)
-        res, steps = _train_with_adaptation(model, adapter, x, y, config, lr, seeds, epochs, batches)
-        n = max(steps, 1)
-        la, ce = float(adapter.total_la) / n, float(adapter.total_ce) / n
-        diverged = steps > 0 and not (math.isfinite(la) and math.isfinite(ce))
-        metrics = {"adapt_loss": la, "adapt_ce": ce, "lambda_mean": float(adapter.lam_sum) / n,
+        res = _train_with_adaptation(model, adapter, x, y, config, lr, seeds, epochs, batches)
+        steps = res.steps
+        la, ce = adapter.meter.mean("la", steps), adapter.meter.mean("ce", steps)
+        adapt_diverged = diverged(steps, la, ce)
+        metrics = {"adapt_loss": la, "adapt_ce": ce, "lambda_mean": adapter.meter.mean("lam", steps),
                    "lambda_min": float(adapter.lam_min) if steps else math.nan,
                    "lambda_max": float(adapter.lam_max) if steps else math.nan,
-                   "adapt_steps": float(steps), "adapt_diverged": 1.0 if diverged else 0.0,
+                   "adapt_steps": float(steps), "adapt_diverged": 1.0 if adapt_diverged else 0.0,
                    # per batch: the global copy's forward/backward plus vᵢ's (λ reuses vᵢ's gradient)
                    "passes": 1.0 + steps / max(res.steps, 1)}
-        adapted = before if diverged else cpu_state(adapter.model)
+        adapted = before if adapt_diverged else cpu_state(adapter.model)
         return res, TrainerState(adapted=adapted, active=True, frozen_keys=frozen_keys,
                                  rounds_adapted=state.rounds_adapted + 1, metrics=metrics)
 
