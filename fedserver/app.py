@@ -22,6 +22,7 @@ from fedcore.models import build_model
 from fedcore.report import FederationStatus, RoundReport
 from fedserver.coordinator import Coordinator
 from fedserver.global_models import GLOBAL
+from fedserver.persistence import StoreOpener, open_store
 from fedserver.rundir import RunDirLock
 from fedserver.servicer import FederationServicer, add_to_server, set_serving
 
@@ -111,8 +112,10 @@ def guarded(fn: RoundCallback, log: Any) -> Callable[[RoundReport], None]:
 
 async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, FederationServicer], None] | None = None,
                 stop: asyncio.Event | None = None, linger_s: float = 2.0, fresh: bool = False,
-                on_round_end: RoundCallback | None = None) -> FederationStatus:
+                on_round_end: RoundCallback | None = None, opener: StoreOpener = open_store) -> FederationStatus:
     """Run the federation to its end (or until ``stop`` is set); returns the final status.
+
+    ``opener`` opens the run directory's state store (the fault tests pass one that dies on cue).
 
     ``on_round_end(report)`` is called with each completed round's :class:`RoundReport`, after the round was
     persisted, on the server's event loop (keep it short: hand heavy work to a thread); an exception it raises is
@@ -123,7 +126,8 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
     federation finished (at most ``linger_s`` seconds), so that clients leave cleanly. When ``stop`` is set
     first, the stop is graceful (:meth:`Coordinator.stop`): the status then has ``stopping`` set.
     """
-    coord = Coordinator(config)  # checks the configuration before anything listens or touches the run dir
+    # Checks the configuration before anything listens or touches the run dir.
+    coord = Coordinator(config, opener=opener)
     if on_round_end is not None:
         coord.subscribe(guarded(on_round_end, coord.log))
     check_port_free(config.server.address)  # a taken port is refused before the run dir is created or touched
@@ -173,7 +177,7 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
                 raise
             # Keep answering until every live client has learnt that the federation finished, at most linger_s.
             deadline = asyncio.get_running_loop().time() + linger_s
-            while not coord.all_told_finished() and asyncio.get_running_loop().time() < deadline:
+            while not coord.members.all_told_finished() and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.05)
         else:
             await coord.stop()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +32,9 @@ from typing import Any
 
 from fedcore import jsonio
 from fedcore import rounds as rm
-from fedcore.config import ConfigError, ServerConfig, redacted
+from fedcore.config import ConfigError, PersistenceConfig, ServerConfig, redacted
 from fedcore.log import get_logger
 from fedcore.report import RoundReport
-from fedserver import store as store_module
 from fedserver.global_models import GlobalModels
 from fedserver.store import (
     Snapshot,
@@ -53,17 +51,15 @@ RUN_FILES = ("state", "rounds.jsonl", "config.json", "final_model.fgt", "final_m
 # Configuration sections and fields that define the federation: a resumed run must keep them.
 IDENTITY = ("model", "data", "training", "aggregation", "rounds.seed", "rounds.clients_per_round",
             "rounds.over_select", "nfl.mode", "nfl.detector")
-# Test-only fault injection: FEDGUARD_CRASH_AT=<point>:<round> kills the server with SIGKILL there.
-CRASH_ENV = "FEDGUARD_CRASH_AT"
 
 Slot = tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], None]]
+# Opens the state store of a run directory (``<run_dir>/state``): the seam where the fault tests put a store
+# that dies at a chosen point of a save (tests/faults.py); production uses :func:`open_store`.
+StoreOpener = Callable[[Path, PersistenceConfig], StateStore]
 
 
-def crash_point(point: str, round_: int) -> None:
-    """Die at once (SIGKILL, as a power cut would) when the test harness asked for this point and round."""
-    want = os.environ.get(CRASH_ENV, "")
-    if want and want == f"{point}:{round_}":
-        os.kill(os.getpid(), signal.SIGKILL)
+def open_store(directory: Path, p: PersistenceConfig) -> StateStore:
+    return StateStore(directory, keep=p.keep_snapshots, fsync=p.fsync)
 
 
 @dataclass(frozen=True)
@@ -74,18 +70,16 @@ class Restored:
 
 
 class Persistence:
-    def __init__(self, config: ServerConfig, models: GlobalModels) -> None:
+    def __init__(self, config: ServerConfig, models: GlobalModels, opener: StoreOpener = open_store) -> None:
         self.config = config
         self.models = models
+        self._open_store = opener
         self.run_dir = Path(config.server.run_dir)
         self.store: StateStore | None = None  # opened by restore(), after --fresh moved old files aside
         self._slots: dict[str, Slot] = {}
         self.log = get_logger("fedserver")
         self.last_save_seconds = 0.0
-        self._saving = 0
         self._saved_history = 0  # history reports the store has (a snapshot appends only the ones after them)
-        if os.environ.get(CRASH_ENV, "").startswith("model_written:"):
-            store_module._after_files_written = lambda _paths: crash_point("model_written", self._saving)
 
     # ---- slots ----
 
@@ -130,7 +124,7 @@ class Persistence:
             raise StoreError(f"{self.run_dir}: cannot create the run directory ({e.strerror or e})") from None
         p = self.config.persistence
         if p.enabled and self.store is None:
-            self.store = StateStore(self.run_dir / STATE_DIR, keep=p.keep_snapshots, fsync=p.fsync)
+            self.store = self._open_store(self.run_dir / STATE_DIR, p)
         if self.store is None:
             self._write_config()
             return None
@@ -214,7 +208,6 @@ class Persistence:
             "round_state": state.to_dict(),
             "slots": {name: save() for name, (save, _) in sorted(self._slots.items())},
         }
-        self._saving = completed_rounds
         start = min(self._saved_history, len(history))
         tail = [r.to_dict() for r in history[start:]]
         stats = self.store.save(Snapshot(completed_rounds, body, self.models.all(), history_len=len(history)), tail)

@@ -100,7 +100,7 @@ class FederationServicer:
         await context.abort(getattr(grpc.StatusCode, e.code), e.message)
 
     def _session_of(self, identity: str | None, session: str) -> str:
-        cid = self.coord.client_of(session)
+        cid = self.coord.members.client_of(session)
         self.auth.require(identity, cid, "this session")
         return cid
 
@@ -114,8 +114,8 @@ class FederationServicer:
             credential = f"id:{identity}" if identity is not None else "token"
             self.auth.admit_join(credential, context.peer() or "")
             caps = request.capabilities
-            res = self.coord.join(request.client_id, request.token, int(caps.num_train_samples), caps.opt_out,
-                                  caps.attacker, request.model_fingerprint, credential)
+            res = self.coord.members.join(request.client_id, request.token, int(caps.num_train_samples),
+                                          caps.opt_out, caps.attacker, request.model_fingerprint, credential)
         except ProtocolError as e:
             await self._refuse(context, "Join", e)
         return pb.JoinReply(session_id=res.session_id, config=self._join_config,
@@ -128,7 +128,7 @@ class FederationServicer:
             bounds.check_pull(request)
             self._session_of(self.auth.identify(method_path("PullTask"), context, item.raw), request.session_id)
             with self.limits.pull(request.session_id):
-                res = await self.coord.pull(request.session_id, request.max_wait_s, request.declined)
+                res = await self.coord.polls.pull(request.session_id, request.max_wait_s, request.declined)
         except ProtocolError as e:
             await self._refuse(context, "PullTask", e)
         if not isinstance(res, Task):
@@ -175,14 +175,13 @@ class FederationServicer:
                     raise ProtocolError("INVALID_ARGUMENT", "a signed update must carry payload_sha256")
                 manifest = wire.metas_from_pb(h.tensors)
             except SerializationError as e:
-                self.coord.reject_header(h.session_id, int(h.round), "INVALID_ARGUMENT", str(e))
+                self.coord.uploads.reject_header(h.session_id, int(h.round), "INVALID_ARGUMENT", str(e))
             except ProtocolError as e:
-                self.coord.reject_header(h.session_id, int(h.round), e.code, e.message)
+                self.coord.uploads.reject_header(h.session_id, int(h.round), e.code, e.message)
             kind = h.kind if h.kind != pb.UPDATE_KIND_UNSPECIFIED else pb.WEIGHTS
             # Admission first (it refuses an update over max_update_bytes and records it), then the reservation.
-            ticket = self.coord.begin_update(
-                h.session_id, int(h.round), int(h.num_samples), kind == pb.DELTA, h.train_loss,
-                h.beta_hat if h.HasField("beta_hat") else None, dict(h.metrics), manifest, int(h.total_bytes))
+            ticket = self.coord.uploads.begin(h.session_id, int(h.round), wire.update_report_from_pb(h),
+                                              kind == pb.DELTA, manifest, int(h.total_bytes))
             with self.limits.upload(h.session_id, int(h.total_bytes)):
                 digest = hashlib.sha256() if h.payload_sha256 else None
                 try:
@@ -193,20 +192,20 @@ class FederationServicer:
                             raise SerializationError("a second header inside one update stream")
                         if not part.chunk.data:
                             raise SerializationError("an empty chunk (an upload must make progress)")
-                        closed = self.coord.upload_closed(ticket)
+                        closed = self.coord.uploads.closed(ticket)
                         if closed is not None:  # a trickle cannot hold its reservation past the round
-                            self.coord.reject_ticket(ticket, "FAILED_PRECONDITION", closed)
+                            self.coord.uploads.reject_ticket(ticket, "FAILED_PRECONDITION", closed)
                         asm.feed(int(part.chunk.offset), part.chunk.data)
                         if digest is not None:
                             digest.update(part.chunk.data)
                     tensors = asm.finish()
                 except SerializationError as e:
-                    self.coord.reject_ticket(ticket, "INVALID_ARGUMENT", str(e))
+                    self.coord.uploads.reject_ticket(ticket, "INVALID_ARGUMENT", str(e))
                 if digest is not None and digest.digest() != h.payload_sha256:
-                    self.coord.reject_ticket(ticket, "INVALID_ARGUMENT",
-                                             "the tensor bytes do not match the header's payload_sha256")
+                    self.coord.uploads.reject_ticket(ticket, "INVALID_ARGUMENT",
+                                                     "the tensor bytes do not match the header's payload_sha256")
                 assert tensors is not None  # reject_ticket raised otherwise
-                self.coord.submit_update(ticket, tensors)
+                self.coord.uploads.submit(ticket, tensors)
                 asm = tensors = None
         except ProtocolError as e:
             # The refusal's traceback keeps this frame (and its locals) alive until the cyclic garbage collector
@@ -225,7 +224,7 @@ class FederationServicer:
             request = _message(item)
             bounds.check_heartbeat(request)
             self._session_of(self.auth.identify(method_path("Heartbeat"), context, item.raw), request.session_id)
-            self.coord.touch(request.session_id)
+            self.coord.members.touch(request.session_id)
         except ProtocolError as e:
             await self._refuse(context, "Heartbeat", e)
         return pb.HeartbeatReply(round=self.coord.state.round, finished=self.coord.finished)
@@ -235,7 +234,7 @@ class FederationServicer:
             request = _message(item)
             bounds.check_leave(request)
             self._session_of(self.auth.identify(method_path("Leave"), context, item.raw), request.session_id)
-            self.coord.leave(request.session_id, request.reason)
+            self.coord.members.leave(request.session_id, request.reason)
         except ProtocolError as e:
             await self._refuse(context, "Leave", e)
         return pb.LeaveReply()

@@ -109,9 +109,6 @@ CREATE TABLE IF NOT EXISTS pending (
 # Schema 1 -> 2: snapshots record how many history rows they cover (-1: the history is inside their state JSON).
 _MIGRATE_2 = "ALTER TABLE snapshots ADD COLUMN history_len INTEGER NOT NULL DEFAULT -1"
 
-# Test hook: called after a save's model files are in place and before its transaction (a crash there).
-_after_files_written: Callable[[list[Path]], None] | None = None
-
 
 class StoreError(Exception):
     """The store cannot be used: a damaged or foreign database, a newer schema, no snapshot that verifies, a
@@ -174,12 +171,16 @@ class StateStore:
     """Snapshots of a federation in ``directory`` (``<run_dir>/state``). Thread-safe; one writer at a time (the
     server holds the run directory's lock, :mod:`fedserver.rundir`)."""
 
-    def __init__(self, directory: str | os.PathLike[str], keep: int = 3, fsync: bool = False) -> None:
+    def __init__(self, directory: str | os.PathLike[str], keep: int = 3, fsync: bool = False,
+                 after_files_written: Callable[[list[Path]], None] | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.directory = Path(directory)
         self.keep = keep
         self.fsync = fsync
+        # Called with a save's model files once they are in place, before the transaction that commits them: the
+        # seam where the fault tests kill the process between the two (tests/faults.py); None in production.
+        self._after_files_written = after_files_written
         self.db_path = self.directory / DB_NAME
         self.models_dir = self.directory / MODELS_DIR
         self._lock = threading.Lock()
@@ -358,8 +359,8 @@ class StateStore:
                         written.append((model_id, f"{MODELS_DIR}/{name}", digest, size))
                     if self.fsync and written:
                         _fsync_dir(self.models_dir)
-                    if _after_files_written is not None:
-                        _after_files_written([self.directory / rel for _, rel, _, _ in written])
+                    if self._after_files_written is not None:
+                        self._after_files_written([self.directory / rel for _, rel, _, _ in written])
                     with self._transaction():
                         dropped = self._commit(snap.completed_rounds, state_text, written, snap.history_len,
                                                first_seq, tail_texts)

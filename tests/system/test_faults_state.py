@@ -33,8 +33,7 @@ FEDERATION = ["--rounds", str(ROUNDS), "-k", str(K), "--min-available", str(K), 
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "FEDGUARD_CRASH_AT"}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
 
 
 def _port() -> int:

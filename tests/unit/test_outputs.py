@@ -74,13 +74,14 @@ def test_a_factory_path_in_a_sidecar_is_never_imported(tmp_path: Path) -> None:
 def test_the_coordinator_writes_the_global_and_every_cluster_model(tmp_path: Path) -> None:
     from fedcore.config import ServerConfig, build_config
     from fedserver.coordinator import Coordinator
+    from fedserver.final_models import write_final_models
 
     cfg = build_config(ServerConfig, None, [(["server", "run_dir"], str(tmp_path)), (["security", "insecure"], True),
                                             (["model", "kwargs"], {"hidden": [8]})])
     coord = Coordinator(cfg)
     other = build_model("mlp", {"hidden": [8]}, seed=9).state_dict()
     coord.models.put("c0", other)
-    coord._write_outputs(5)
+    assert write_final_models(cfg, coord.models, 5, coord.log) == tmp_path / "final_model.fgt"
     glob = fedguard.load_model(tmp_path)
     assert all(torch.equal(glob.state_dict()[k], v) for k, v in coord.models.get().items())
     c0 = fedguard.load_model(tmp_path, "c0")

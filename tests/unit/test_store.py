@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from fedcore.serialization import load_state, save_state
-from fedserver import store as store_mod
 from fedserver.store import Loaded, Snapshot, StateStore, StoreError, archive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,7 +239,8 @@ def test_sigkill_between_files_and_commit(tmp_path: Path) -> None:
     res = _run_child(d, """
         s = StateStore(d)
         s.save(Snapshot(1, {"r": 1}, {"global": model(1), "b": model(2)}))
-        store._after_files_written = lambda paths: os.kill(os.getpid(), signal.SIGKILL)
+        s.close()
+        s = StateStore(d, after_files_written=lambda paths: os.kill(os.getpid(), signal.SIGKILL))
         s.save(Snapshot(2, {"r": 2}, {"global": model(3), "b": model(4)}))
         print("not reached")
     """)
@@ -424,8 +424,26 @@ def test_failed_save_leaves_nothing(tmp_path: Path) -> None:
     assert loaded.snapshot is not None and loaded.snapshot.completed_rounds == 1
 
 
-def test_hook_is_off_by_default() -> None:
-    assert store_mod._after_files_written is None
+def test_files_written_hook_sees_the_save_before_its_commit(tmp_path: Path) -> None:
+    d = tmp_path / "state"
+    seen: list[list[str]] = []
+
+    def hook(paths: list[Path]) -> None:
+        seen.append(sorted(p.name for p in paths))
+        assert all(p.exists() for p in paths)
+        conn = sqlite3.connect(d / "state.db")
+        try:  # the files are in place, the snapshot is not committed yet
+            assert conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == 0
+        finally:
+            conn.close()
+
+    with StateStore(d, after_files_written=hook) as s:
+        s.save(_snap(1))
+    assert len(seen) == 1 and len(seen[0]) == 1 and seen[0][0].startswith("r000001-global-")
+    with StateStore(d) as s:  # off by default
+        assert s._after_files_written is None
+        s.save(_snap(2))
+    assert len(seen) == 1
 
 
 def test_archive_moves_and_never_deletes(tmp_path: Path) -> None:

@@ -1,0 +1,78 @@
+"""Who is in the federation: join (token, session room, model fingerprint), the session behind a call, leave, and
+which clients have learnt that the federation finished.
+
+A separate part from :mod:`fedserver.coordinator` because identity is one job (sessions and the join checks) and
+the round machine another: membership only turns these calls into the round machine's ``Joined`` / ``Seen`` /
+``Left`` observations and wakes the long-polls a replaced or ended session leaves behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fedcore import rounds as rm
+from fedserver.errors import ProtocolError
+from fedserver.sessions import Sessions
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    session_id: str
+    client_index: int
+
+
+class Membership:
+    def __init__(self, sessions: Sessions, fingerprint: str, state: Callable[[], rm.RoundState],
+                 observe: Callable[[rm.Observation], None], wake: Callable[[tuple[str, ...]], None],
+                 clock: Callable[[], float], log: Any) -> None:
+        self.sessions = sessions
+        self.fingerprint = fingerprint
+        self._state = state
+        self._observe = observe
+        self._wake = wake  # wakes the parked long-polls of these clients
+        self._clock = clock
+        self.log = log
+        # Clients told that the federation finished (a leave forgets it: a client that joins again is told again).
+        self._told_finished: set[str] = set()
+
+    def join(self, client_id: str, token: str, num_samples: int, opt_out: bool, attacker: bool,
+             model_fingerprint: str, credential: str = "") -> JoinResult:
+        self.sessions.authenticate(client_id, token)
+        self.sessions.check_room(client_id, credential)
+        if model_fingerprint and model_fingerprint != self.fingerprint:
+            self.log.warning("client.join_refused", client_id=client_id, reason="model fingerprint mismatch")
+            raise ProtocolError("FAILED_PRECONDITION", f"model fingerprint {model_fingerprint} does not match "
+                                                       f"the federation's {self.fingerprint}")
+        session = self.sessions.open(client_id, credential)
+        self._wake((client_id,))  # a poll of a replaced session returns
+        rejoin = client_id in self._state().clients
+        self._observe(rm.Joined(client_id, self._clock(), num_samples, opt_out, attacker))
+        index = self._state().clients[client_id].index
+        self.log.info("client.joined", client_id=client_id, index=index, rejoin=rejoin, num_samples=num_samples)
+        return JoinResult(session, index)
+
+    def client_of(self, session: str) -> str:
+        return self.sessions.client_of(session)
+
+    def touch(self, session: str) -> str:
+        """The client behind ``session`` was heard from (raises UNAUTHENTICATED for an unknown session)."""
+        cid = self.sessions.client_of(session)
+        self._observe(rm.Seen(cid, self._clock()))
+        return cid
+
+    def leave(self, session: str, reason: str) -> None:
+        cid = self.sessions.close(session)
+        self._told_finished.discard(cid)
+        self._wake((cid,))  # a poll of the ended session returns
+        self._observe(rm.Left(cid, self._clock()))
+        self.log.info("client.left", client_id=cid, reason=reason)
+
+    def told_finished(self, client_id: str) -> None:
+        """``client_id`` was answered that the federation finished."""
+        self._told_finished.add(client_id)
+
+    def all_told_finished(self) -> bool:
+        """Every live client has been told that the federation finished (or has left)."""
+        return all(cid in self._told_finished for cid in self._state().alive_ids())

@@ -1,0 +1,100 @@
+"""Long-polls: a client asks for work (``PullTask``) and is answered with its task, a wait hint, or the news that
+the federation finished; meanwhile its call is parked until the round machine has something for it.
+
+Apart from the coordinator because parking and waking calls is its own job: one event per client with a poll
+parked, so a round start wakes only the clients it selected (waking every parked client for every accepted update
+would cost O(K^2) wake-ups per round). A client with a poll parked is connected, hence alive: the run loop's
+``Tick`` carries :meth:`LongPolls.connected`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from fedcore import rounds as rm
+from fedcore.config import ServerSection
+from fedserver.dispatch import Task, TaskDispatcher, WaitInfo
+from fedserver.membership import Membership
+
+
+class LongPolls:
+    def __init__(self, server: ServerSection, members: Membership, dispatch: TaskDispatcher,
+                 state: Callable[[], rm.RoundState], observe: Callable[[rm.Observation], None],
+                 stopping: Callable[[], bool], clock: Callable[[], float]) -> None:
+        self.server = server
+        self.members = members
+        self.dispatch = dispatch
+        self._state = state
+        self._observe = observe
+        self._stopping = stopping
+        self._clock = clock
+        self.log = members.log
+        self._parked: dict[str, asyncio.Event] = {}
+        self._polling: dict[str, int] = {}
+
+    def connected(self) -> frozenset[str]:
+        """The clients with a poll in progress."""
+        return frozenset(self._polling)
+
+    def wake(self, clients: tuple[str, ...] | None = None) -> None:
+        """Wake the parked polls of ``clients`` (None: of every client)."""
+        for cid in self._parked if clients is None else clients:
+            parked = self._parked.get(cid)
+            if parked is not None:
+                parked.set()
+
+    async def pull(self, session: str, max_wait_s: float, declined: bool = False) -> Task | WaitInfo:
+        cid = self.members.touch(session)
+        if declined:
+            return self._declined(cid)
+        if not self._state().clients[cid].ready and not self._stopping():
+            self._observe(rm.Polled(cid, self._clock()))
+        self._polling[cid] = self._polling.get(cid, 0) + 1
+        try:
+            return await self._wait(session, cid, max_wait_s)
+        finally:
+            self._polling[cid] -= 1
+            if not self._polling[cid]:
+                del self._polling[cid]
+                self._parked.pop(cid, None)
+
+    def _finished(self, cid: str) -> WaitInfo:
+        self.members.told_finished(cid)
+        return WaitInfo(0.0, True, f"federation {self._state().outcome}")
+
+    def _declined(self, cid: str) -> WaitInfo:
+        """The client declines work now (its device is not eligible): unavailable, not failed (rm.Declined).
+        It is told to check again within a heartbeat interval (its decline poll keeps it alive)."""
+        s = self._state()
+        if s.phase == rm.FINISHED:
+            return self._finished(cid)
+        rec = s.clients.get(cid)
+        if rec is not None and (rec.ready or (cid in s.selected and cid not in s.declined)):
+            self.log.info("client.declined", client_id=cid, round=s.round, selected=cid in s.selected)
+        self._observe(rm.Declined(cid, self._clock()))
+        return WaitInfo(self.server.heartbeat_interval_s, False, "declined: not selectable until it polls")
+
+    async def _wait(self, session: str, cid: str, max_wait_s: float) -> Task | WaitInfo:
+        wait = min(max(max_wait_s, 0.0), self.server.long_poll_s)
+        deadline = self._clock() + wait
+        while True:
+            if self._state().phase == rm.FINISHED:
+                return self._finished(cid)
+            if self._stopping():
+                return WaitInfo(1.0, False, "server stopping; the federation resumes when it restarts")
+            task = self.dispatch.task_for(self._state(), cid, self._clock())
+            if task is not None:
+                self.log.debug("task.sent", client_id=cid, round=task.round, model_id=task.model_id)
+                self._observe(rm.Seen(cid, self._clock()))  # it came for its task: pending (poll grace)
+                return task
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return WaitInfo(0.0, False, "no task for this client yet")
+            parked = self._parked.setdefault(cid, asyncio.Event())
+            parked.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(parked.wait(), timeout=remaining)
+            if session not in self.members.sessions:  # it left or re-joined meanwhile
+                return WaitInfo(0.0, False, "session ended")

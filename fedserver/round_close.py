@@ -1,0 +1,91 @@
+"""Closing a round: aggregate -> report -> complete -> persist -> publish, in that order.
+
+1. **Aggregate** the round's updates: DistFL's per-cluster aggregation (:mod:`fedserver.clusters`) when the
+   intake kept them whole, else the configured rule (:mod:`fedserver.finalize`), after the simulation-only
+   adversary harness crafted its updates. A rule that cannot work with what arrived re-runs the round.
+2. **Report**: :class:`~fedcore.report.RoundReport`, the one typed record of the round.
+3. **Complete**: every *stage* (``RoundReport -> RoundReport``: DistFL's cluster sizes, the NFL monitor, the DP
+   accountant, in registration order) adds its view. Stages run before the snapshot, so a stage's own state is
+   saved with the round that moved it (persistence slots).
+4. **Persist** the round (a snapshot of the round machine, the models, the history and the slots).
+5. **Publish** the persisted report to every *subscriber* (``RoundReport -> None``: the history, the
+   ``round.completed`` line, the ``rounds.jsonl`` writer, an embedding app's callback), in registration order.
+
+Server features are registered in these two lists (:meth:`RoundCloser.add_stage`, :meth:`RoundCloser.subscribe`);
+the closer calls none of them by name. The result is the round machine's next observation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fedcore import rounds as rm
+from fedcore.aggregation import AggregationResult, Aggregator
+from fedcore.report import RoundReport
+from fedserver.clusters import ClusterShell, UpdateBuffer
+from fedserver.finalize import RoundFinalizer
+from fedserver.harness import AdversaryHarness
+from fedserver.intake import UpdateIntake
+from fedserver.persistence import Persistence
+
+ReportStage = Callable[[RoundReport], RoundReport]
+RoundSubscriber = Callable[[RoundReport], None]
+
+
+class RoundCloser:
+    def __init__(self, intake: UpdateIntake, clusters: ClusterShell, harness: AdversaryHarness,
+                 finalizer: RoundFinalizer, persistence: Persistence, history: list[RoundReport],
+                 state: Callable[[], rm.RoundState], ends_federation: Callable[[], str],
+                 clock: Callable[[], float], log: Any) -> None:
+        self.intake = intake
+        self.clusters = clusters
+        self.harness = harness
+        self.finalizer = finalizer
+        self.persistence = persistence
+        self.history = history  # the completed rounds' reports (the coordinator's; restored on resume)
+        self._state = state
+        # Why the federation ends after the round just completed ("" when it goes on): a spent DP budget.
+        self._ends_federation = ends_federation
+        self._clock = clock
+        self.log = log
+        self._stages: list[ReportStage] = []
+        self._subscribers: list[RoundSubscriber] = []
+
+    def add_stage(self, stage: ReportStage) -> None:
+        """``stage`` completes every round's report before the round is persisted (it runs in a worker thread)."""
+        self._stages.append(stage)
+
+    def subscribe(self, fn: RoundSubscriber) -> None:
+        """Call ``fn`` with every completed round's report, after the round was persisted (on the event loop)."""
+        self._subscribers.append(fn)
+
+    async def close(self, round_: int, reason: str) -> rm.Aggregated | rm.AggregationFailed:
+        agg, round_log = self.intake.take()
+        try:
+            result = await self._aggregate(agg, round_)
+        except ValueError as e:  # the rule cannot work with what arrived: re-run the round
+            self.log.warning("round.aggregation_failed", round=round_, reason=str(e))
+            return rm.AggregationFailed(round_, str(e), self._clock())
+        report = await self.finalizer.report(result, round_log, self._state(), reason)
+        report = await asyncio.to_thread(self._complete, report)
+        await asyncio.to_thread(self.persistence.snapshot, self._state(), [*self.history, report], round_)
+        for fn in self._subscribers:
+            fn(report)
+        self.intake.finished_round()
+        return rm.Aggregated(round_, self._clock(), self._ends_federation())
+
+    async def _aggregate(self, agg: Aggregator | UpdateBuffer, round_: int) -> AggregationResult:
+        if isinstance(agg, UpdateBuffer):  # DistFL: cluster, then aggregate per cluster
+            return await self.clusters.aggregate(agg, round_)
+        crafted = (await asyncio.to_thread(self.harness.apply, agg, self._state(), round_)
+                   if self.harness.enabled else {})
+        result = await self.finalizer.aggregate(agg, round_)
+        result.metrics.update(crafted)
+        return result
+
+    def _complete(self, report: RoundReport) -> RoundReport:
+        for stage in self._stages:
+            report = stage(report)
+        return report
