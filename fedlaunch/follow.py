@@ -8,13 +8,35 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from fedcore.report import RoundReport
+from fedcore.report import FederationStatus, RoundReport
 from fedlaunch.credentials import OPERATOR_TOKEN, STATUS_CLIENT, client_tls_options
 from fedlaunch.logs import clients_waiting
 from fedlaunch.progress import Progress, eta, format_header, format_row, last_rounds_summary
 from fedlaunch.supervise import Interrupts, Launch, Outcome, failed_client, stop_gracefully, stop_now
+
+
+class StatusFollower:
+    """A federation's rounds as they complete, from its operator ``GetStatus``: each call asks only for the rounds
+    after the last one seen (``since_round``), so a poll costs the same at round 10 and at round 10,000."""
+
+    def __init__(self, stub: Any, operator_token: str, last_round: int = 0) -> None:
+        self.stub = stub  # a fedguard.v1 FederationStub
+        self.metadata = [("fg-operator", operator_token)]
+        self.last_round = last_round
+
+    def poll(self, timeout: float) -> tuple[FederationStatus, list[RoundReport]]:
+        """The status now and the rounds completed since the last poll (:class:`grpc.RpcError` when it fails)."""
+        from fedguard import wire
+        from fedguard.v1 import fedguard_pb2 as pb
+
+        status = wire.status_from_pb(self.stub.GetStatus(pb.StatusRequest(since_round=self.last_round),
+                                                         timeout=timeout, metadata=self.metadata))
+        new = [r for r in status.history if r.round > self.last_round]  # an older server sends every round
+        if new:
+            self.last_round = new[-1].round
+        return status, new
 
 
 def jsonl_rows(run_dir: Path, after: int) -> list[RoundReport]:
@@ -39,12 +61,10 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
 
     from fedclient.transport import open_channel
     from fedcore.config import ClientConfig
-    from fedguard import wire
-    from fedguard.v1 import fedguard_pb2 as pb
     from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
 
     channel = open_channel(ClientConfig(server=launch.address, **client_tls_options(tls_dir, STATUS_CLIENT)))
-    stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
+    follower = StatusFollower(pb_grpc.FederationStub(channel), OPERATOR_TOKEN)  # type: ignore[no-untyped-call]
     history: list[RoundReport] = []
     progress = Progress(out)
     interrupts = interrupts or Interrupts()
@@ -72,17 +92,14 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
             if now >= next_poll or rc is not None:
                 next_poll = now + 0.5
                 try:
-                    last = history[-1].round if history else 0
-                    st = wire.status_from_pb(stub.GetStatus(pb.StatusRequest(since_round=last), timeout=1.0,
-                                                            metadata=[("fg-operator", OPERATOR_TOKEN)]))
+                    st, new = follower.poll(timeout=1.0)
                     total = st.num_rounds or total
-                    for h in st.history:
-                        if h.round > last:  # a server older than since_round sends every round
-                            progress.clear()
-                            print(format_row(h), file=out, flush=True)
-                            history.append(h)
-                            if t_first_round is None:
-                                t_first_round, first_round = now, h.round
+                    for h in new:
+                        progress.clear()
+                        print(format_row(h), file=out, flush=True)
+                        history.append(h)
+                        if t_first_round is None:
+                            t_first_round, first_round = now, h.round
                 except grpc.RpcError:
                     pass
             if rc is not None:

@@ -83,9 +83,8 @@ def live_view(address: str, args: argparse.Namespace, seen: Sequence[RoundReport
     history."""
     import grpc
 
-    from fedguard import wire
-    from fedguard.v1 import fedguard_pb2 as pb
     from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
+    from fedlaunch.follow import StatusFollower
 
     token = _operator_token(args.operator_token_file)
     if args.insecure:
@@ -96,19 +95,16 @@ def live_view(address: str, args: argparse.Namespace, seen: Sequence[RoundReport
         opts = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
         channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root, key, cert), options=opts)
     try:
-        stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
-        since = seen[-1].round if seen else 0
-        reply = stub.GetStatus(pb.StatusRequest(since_round=since), timeout=args.timeout,
-                               metadata=[("fg-operator", token)])
+        follower = StatusFollower(pb_grpc.FederationStub(channel),  # type: ignore[no-untyped-call]
+                                  token, seen[-1].round if seen else 0)
+        s, new = follower.poll(timeout=args.timeout)
     except grpc.RpcError as e:
         code = e.code().name if hasattr(e, "code") else "ERROR"
         detail = e.details() if hasattr(e, "details") else str(e)
         raise RunFileError(f"{address}: GetStatus failed: {code}: {detail}") from None
     finally:
         channel.close()
-    s = wire.status_from_pb(reply)
-    # A server older than since_round sends every round.
-    view = View(rounds=[*seen, *(r for r in s.history if r.round > since)], finished=s.finished)
+    view = View(rounds=[*seen, *new], finished=s.finished)
     view.lines.append(f"server {address}  federation {s.federation_id}  round {s.round} of {s.num_rounds}  "
                       f"phase {s.phase}{'  outcome ' + s.outcome if s.outcome else ''}"
                       f"{'  (stopping)' if s.stopping else ''}")
