@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,7 +31,16 @@ from torch.nn import functional as F
 from fedcore.config import ConfigError, TrainingConfig, from_dict
 from fedcore.models.zoo import BlockModel
 from fedcore.seeds import RoundSeeds, derive_seed
-from fedcore.train import Batches, TrainResult, deterministic_dropout, model_device, shuffled_batches, train_local
+from fedcore.train import Batches, TrainResult, model_device, shuffled_batches, train_local
+from fedcore.train.loop import (
+    Companion,
+    LossMeter,
+    Optimised,
+    StepHooks,
+    fedprox_penalty,
+    raise_if_diverged,
+    run_sgd,
+)
 from fedcore.train.trainers import (
     Trainer,
     TrainerFactory,
@@ -208,55 +216,52 @@ class _DualRun:
     seconds: float
 
 
+class _DualObjective:
+    """Eq. 10 on the one loop: the objective is the global copy's CE(G^M) (so FedProx's term and the reported loss
+    are the global copy's, as ``train_local``'s), and the local model's CE(L^M) of the same dual forward pass is the
+    ``extra_loss`` added for the backward pass only. Both are summed in ``meter`` (``global``, ``local``)."""
+
+    def __init__(self, dual: DualModel, meter: LossMeter) -> None:
+        self.dual = dual
+        self.meter = meter
+        self._local: tuple[torch.Tensor, torch.Tensor] | None = None  # this batch's (L^M, y)
+
+    def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        g_out, l_out = self.dual.forward_both(xb)
+        ce_g = F.cross_entropy(g_out, yb)
+        self.meter.add(**{"global": ce_g})
+        self._local = (l_out, yb)
+        return ce_g
+
+    def local_loss(self) -> torch.Tensor:
+        assert self._local is not None
+        l_out, yb = self._local
+        self._local = None
+        ce_l = F.cross_entropy(l_out, yb)
+        self.meter.add(local=ce_l)
+        return ce_l
+
+
 def _train_dual(model: nn.Module, v: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainingConfig,
                 lr: float, seeds: RoundSeeds, epochs: int | None, batches: Batches | None,
                 detach_global: bool) -> _DualRun:
     """:func:`fedcore.train.train_local`'s loop with the dual model: per batch, one backward pass of
-    (CE(G^M) + FedProx term) + CE(L^M), then each model's gradient clipped separately and one SGD step of each."""
-    dual = DualModel(model, v, detach_global=detach_global)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    opt_v = torch.optim.SGD(v.parameters(), lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    anchor = [p.detach().clone() for p in model.parameters()] if config.prox_mu > 0 else []
+    (CE(G^M) + FedProx term) + CE(L^M), then each model's gradient clipped separately and one SGD step of each
+    (two :class:`~fedcore.train.loop.Optimised` on one backward pass)."""
+    objective = _DualObjective(DualModel(model, v, detach_global=detach_global), LossMeter(model_device(model)))
+    optimised = [Optimised.sgd(model.parameters(), lr, config), Optimised.sgd(v.parameters(), lr, config)]
+    penalty = fedprox_penalty(model, config.prox_mu) if config.prox_mu > 0 else None
     source = batches or shuffled_batches(x, y, config.batch_size, seeds.batches)
     n_epochs = config.local_epochs if epochs is None else epochs
-    dev = model_device(model)
-    model.train()
-    v.train()
-    total = torch.zeros((), dtype=torch.float64, device=dev)
-    total_g = torch.zeros((), dtype=torch.float64, device=dev)
-    total_l = torch.zeros((), dtype=torch.float64, device=dev)
-    steps, samples = 0, 0
     start = time.perf_counter()
-    with deterministic_dropout(model, seeds.dropout), deterministic_dropout(v, derive_seed(seeds.dropout, LINDT)):
-        for e in range(n_epochs):
-            for xb_, yb_ in source(e):
-                xb, yb = xb_.to(dev, non_blocking=True), yb_.to(dev, non_blocking=True)
-                opt.zero_grad(set_to_none=True)
-                opt_v.zero_grad(set_to_none=True)
-                g_out, l_out = dual.forward_both(xb)
-                ce_g = F.cross_entropy(g_out, yb)
-                loss = ce_g
-                if anchor:
-                    prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor, strict=True))
-                    loss = loss + 0.5 * config.prox_mu * prox
-                ce_l = F.cross_entropy(l_out, yb)
-                (loss + ce_l).backward()  # type: ignore[no-untyped-call]
-                if config.grad_clip_norm > 0:
-                    nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
-                    nn.utils.clip_grad_norm_(v.parameters(), config.grad_clip_norm)
-                opt.step()
-                opt_v.step()
-                total += loss.detach()
-                total_g += ce_g.detach().double()
-                total_l += ce_l.detach().double()
-                steps += 1
-                samples += len(yb)
-    n = max(steps, 1)
-    mean_loss, global_ce, local_ce = float(total) / n, float(total_g) / n, float(total_l) / n
+    res = run_sgd(model, source, n_epochs, optimised, dropout_seed=seeds.dropout,
+                  hooks=StepHooks(objective=objective, penalty=penalty, extra_loss=objective.local_loss),
+                  companions=[Companion(v, derive_seed(seeds.dropout, LINDT))])
+    global_ce, local_ce = objective.meter.mean("global", res.steps), objective.meter.mean("local", res.steps)
     seconds = time.perf_counter() - start
-    if steps and not (math.isfinite(mean_loss) and math.isfinite(local_ce)):
-        raise FloatingPointError("LINDT dual-model training diverged (non-finite loss); lower the learning rate")
-    return _DualRun(TrainResult(mean_loss, samples, steps), global_ce, local_ce, seconds)
+    raise_if_diverged(res.steps, res.loss, local_ce,
+                      message="LINDT dual-model training diverged (non-finite loss); lower the learning rate")
+    return _DualRun(res, global_ce, local_ce, seconds)
 
 
 def lindt_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
