@@ -171,3 +171,13 @@ def test_a_configured_client_id_wins_and_is_not_recorded(tmp_path: Path) -> None
     b = FedClient(ClientConfig(state_dir=str(tmp_path)))
     assert b.client_id.startswith("client-") and FedClient(ClientConfig(state_dir=str(tmp_path))).client_id == \
         b.client_id
+
+
+def test_the_cli_exits_2_with_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedclient.cli import main
+
+    (tmp_path / STATE_FILE).write_bytes(b"{")
+    assert main(["--server", "127.0.0.1:1", "--insecure", "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedclient: ") and str(tmp_path / STATE_FILE) in err[0]
+    assert "ways on" in err[0] and (tmp_path / STATE_FILE).read_bytes() == b"{"
