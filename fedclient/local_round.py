@@ -1,4 +1,4 @@
-"""One client round on the device: β̂ᵢ, the individual-level NFL measures, the trainer seam, the round's metrics.
+"""One client round on the device: β̂ᵢ, the individual-level NFL measures, the trainer seam, the round's UpdateReport.
 
 :class:`LocalRound` is what :class:`fedclient.client.FedClient` calls with each task; it owns no gRPC. Per round:
 
@@ -55,6 +55,7 @@ from fedcore.train.trainers import (
     first_batch,
     make_trainer,
 )
+from fedcore.update_report import BetaHat, UpdateReport
 
 
 class LocalRoundError(RuntimeError):
@@ -80,10 +81,11 @@ class InferenceView:
 
 @dataclass(frozen=True)
 class RoundOutcome:
-    train_loss: float
-    # The β̂ᵢ to send (None when the client has no private accuracy Pᵢ).
-    beta_hat: float | None
-    metrics: dict[str, float]
+    # What is sent with the update (its ``beta_hat`` the measured β̂ᵢ unless a mod fabricates one; the runner fills in
+    # ``train_seconds``).
+    report: UpdateReport
+    # The β̂ᵢ the client measured (None when it has no private accuracy Pᵢ), whatever is sent.
+    beta_hat_measured: BetaHat
     # The round's received and trained weights, for a mod that replaces the update (None: not for a mod to change).
     update: UpdateContext | None = None
 
@@ -189,14 +191,11 @@ class LocalRound:
             if module is not None:
                 infer, personal = module, True
         ev = evaluate(infer, data.x_test, data.y_test)
-        metrics = {"test_accuracy": ev.accuracy, "test_loss": ev.loss, "infers_adapted": float(personal)}
         seeds = round_seeds(fed.seed, self.client_id, round_)
-        measured: float | None = None
+        measured: BetaHat = None
         if private_accuracy is not None and data.num_train:
-            metrics["private_accuracy"] = private_accuracy
             measured = beta_hat(infer, first_batch(data.x_train, data.y_train, fed.training.batch_size,
                                                    seeds.batches), private_accuracy)
-            metrics["beta_hat_measured"] = measured
         own = self._individual_step(fed, round_, measured, recovery_flag)
         recovery = (recovery_flag or own) and not cfg.opt_out and fed.nfl_mode != "off"
         res, tstate = self.trainer.train(model, tstate, train_data.x_train, train_data.y_train, fed.training, seeds,
@@ -207,13 +206,18 @@ class LocalRound:
             received=before, trained=model.state_dict(), num_train=data.num_train, seed=seeds.attack,
             honest_update=partial(self._honest_update, model, before, start_state, data, fed, seeds, learning_rate))
         self._tstate = tstate
-        metrics["adapting"] = float(recovery)
-        metrics.update(tstate.metrics if recovery else {})
         self.state.save_trainer_state(tstate)
         # Every trainer's personal model is ``tstate.adapted`` (None until its recovery first ran).
         self.view = InferenceView(round_, before, tstate, recovery_flag, recovery, own,
                                   self.serves_adapted(tstate.adapted is not None, recovery))
-        return RoundOutcome(res.loss, measured, {k: float(v) for k, v in metrics.items() if math.isfinite(v)}, update)
+        # The recovery method's numbers of a recovery round: its passes, the rest as extras (non-finite ones unsent).
+        method = {k: float(v) for k, v in (tstate.metrics if recovery else {}).items() if math.isfinite(v)}
+        report = UpdateReport(
+            num_samples=data.num_train, train_loss=res.loss, beta_hat=measured,
+            test_accuracy=_finite(ev.accuracy), test_loss=_finite(ev.loss),
+            private_accuracy=_finite(private_accuracy) if data.num_train else None,
+            adapting=recovery, infers_adapted=personal, passes=method.pop("passes", 1.0), extras=method)
+        return RoundOutcome(report, measured, update)
 
     def _honest_update(self, model: nn.Module, received: dict[str, torch.Tensor], tstate: TrainerState,
                        data: ClientData, fed: FederationInfo, seeds: RoundSeeds, learning_rate: float | None,
@@ -244,3 +248,7 @@ class LocalRound:
         self.state.save_individual(state)
         return state.adapting
 
+
+def _finite(value: float | None) -> float | None:
+    """``value`` as a float, None when it is missing or not finite (an empty test split's NaN is not sent)."""
+    return float(value) if value is not None and math.isfinite(value) else None

@@ -171,20 +171,22 @@ def model_poisoning(attack: AttackConfig) -> Mod:
         if crafted is None:
             return reply
         ctx.model.load_state_dict(crafted.weights)
-        return dataclasses.replace(reply, outcome=dataclasses.replace(out, metrics={**out.metrics,
-                                                                                   **crafted.metrics}))
+        sent = dataclasses.replace(out.report, extras={**out.report.extras, **crafted.metrics})
+        return dataclasses.replace(reply, outcome=dataclasses.replace(out, report=sent))
 
     return mod
 
 
 def fabricated_beta_hat(value: float) -> Mod:
-    """The fabricated-β̂ attacker: sends ``value`` as its β̂ᵢ (the measured one is kept in its metrics)."""
+    """The fabricated-β̂ attacker: sends ``value`` as its β̂ᵢ (the measured one stays in
+    ``RoundOutcome.beta_hat_measured``)."""
 
     def mod(task: RoundTask, ctx: ModContext, call_next: CallNext) -> RoundReply:
         reply = call_next(task, ctx)
         if reply.outcome is None:
             return reply
-        return dataclasses.replace(reply, outcome=dataclasses.replace(reply.outcome, beta_hat=value))
+        sent = dataclasses.replace(reply.outcome.report, beta_hat=value)
+        return dataclasses.replace(reply, outcome=dataclasses.replace(reply.outcome, report=sent))
 
     return mod
 

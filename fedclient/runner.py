@@ -9,7 +9,7 @@ round, :class:`fedclient.local_round.LocalRound` what a round computes, and the 
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +29,7 @@ from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.models import model_fingerprint, model_manifest
 from fedcore.serialization import DEFAULT_CHUNK_BYTES, Reassembler, SerializationError, pack
+from fedcore.update_report import UpdateReport
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 
@@ -215,13 +216,12 @@ class RoundRunner:
         out = reply.outcome
         if out is None:
             return
-        metrics = {**out.metrics, "train_seconds": time.monotonic() - started}
+        sent = dataclasses.replace(out.report, train_seconds=time.monotonic() - started)
         self.summary.rounds_trained += 1
         self.summary.last_round = round_
-        self.summary.history.append({"round": float(round_), **metrics, "train_loss": out.train_loss})
-        accepted = self._push(round_, out.train_loss, out.beta_hat, metrics)
-        self.api._reported(ClientRoundReport.of(round_, self.setup.data.num_train, out.train_loss, out.beta_hat,
-                                                metrics, accepted))
+        self.summary.history.append(ClientRoundReport(round_, sent, out.beta_hat_measured).history_row())
+        accepted = self._push(round_, sent)
+        self.api._reported(ClientRoundReport(round_, sent, out.beta_hat_measured, accepted))
 
     def _train(self, task: RoundTask, ctx: ModContext) -> RoundReply:
         """The innermost step of the chain: the local round on the task, heartbeating, the app told of the new
@@ -236,20 +236,18 @@ class RoundRunner:
                                      local_epochs=task.local_epochs)
             except LocalRoundError as e:
                 raise FedClientError(str(e)) from None
-            self.api._trained(out.metrics.get("beta_hat_measured"))
+            self.api._trained(out.beta_hat_measured)
         return RoundReply(out)
 
-    def _push(self, round_: int, train_loss: float, beta_hat: float | None, metrics: dict[str, float]) -> bool:
-        assert self.setup.model is not None and self.setup.data is not None
+    def _push(self, round_: int, report: UpdateReport) -> bool:
+        assert self.setup.model is not None
         manifest, payload = pack(self.setup.model.state_dict())
         chunk_bytes = (self.fed.chunk_bytes if self.fed is not None else 0) or DEFAULT_CHUNK_BYTES
-        num_samples = self.setup.data.num_train
 
         def do_push() -> pb.PushReply:
             header = pb.UpdateHeader(
-                session_id=self.conn.session, round=round_, num_samples=num_samples, beta_hat=beta_hat,
-                train_loss=train_loss, metrics=metrics, kind=pb.WEIGHTS, tensors=wire.metas_to_pb(manifest),
-                total_bytes=len(payload))
+                session_id=self.conn.session, round=round_, report=wire.update_report_to_pb(report), kind=pb.WEIGHTS,
+                tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
             reply: pb.PushReply = self.conn.tracked(self.conn.require().push(header, payload, chunk_bytes,
                                                                              timeout=120.0))
             return reply
@@ -257,10 +255,11 @@ class RoundRunner:
         try:
             self.conn.retrying("push", do_push)
             self.summary.updates_accepted += 1
-            self.log.info("update.sent", client_id=self.client_id, round=round_, train_loss=round(train_loss, 5),
-                          test_accuracy=round(metrics.get("test_accuracy", math.nan), 4),
-                          beta_hat=None if beta_hat is None else round(beta_hat, 4),
-                          adapting=bool(metrics.get("adapting", 0.0)))
+            self.log.info("update.sent", client_id=self.client_id, round=round_,
+                          train_loss=round(report.train_loss, 5),
+                          test_accuracy=None if report.test_accuracy is None else round(report.test_accuracy, 4),
+                          beta_hat=None if report.beta_hat is None else round(report.beta_hat, 4),
+                          adapting=report.adapting)
             return True
         except grpc.RpcError as e:
             self.summary.updates_rejected += 1

@@ -3,8 +3,8 @@
 - :class:`ClientNflState`: the client's NFL/recovery state (whether it is recovering, since which round, its last
   β̂ᵢ, the server's recovery flag as the client last saw it); :func:`next_nfl_state` moves it, one pure step per
   observation.
-- :class:`ClientRoundReport`: one per round the client trained (the client-side counterpart of the server's
-  :class:`fedcore.report.RoundReport`).
+- :class:`ClientRoundReport`: one per round the client trained: the :class:`~fedcore.update_report.UpdateReport` it
+  sent (the record the server reads), the β̂ᵢ it measured, and whether the server took it.
 - :func:`infers_adapted`: the one rule for which model a client infers with -- the model it serves to its app
   *and* the one its β̂ᵢ and test accuracy measure (FL-GUARD Eq. 3: "the model it will use for inference").
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+
+from fedcore.update_report import MEASURED_BETA_HAT_KEY, BetaHat, UpdateReport
 
 NAN = float("nan")
 
@@ -63,7 +65,7 @@ class ClientNflState:
 
 
 def next_nfl_state(state: ClientNflState, round_: int, server_recovery: bool, recovering: bool,
-                   serving_adapted: bool, own_decision: bool, beta_hat: float | None = None) -> ClientNflState:
+                   serving_adapted: bool, own_decision: bool, beta_hat: BetaHat = None) -> ClientNflState:
     """The state after the client observed round ``round_`` (a new value; ``state`` is not modified)."""
     since = state.since_round if state.recovering and recovering else (round_ if recovering else 0)
     measured = state.beta_hat if beta_hat is None or not math.isfinite(beta_hat) else float(beta_hat)
@@ -76,34 +78,21 @@ def next_nfl_state(state: ClientNflState, round_: int, server_recovery: bool, re
 class ClientRoundReport:
     """One round as the client trained it (``FedClient.on_round_end`` gets it after the update was sent).
 
-    ``test_accuracy``/``test_loss``: the model the client infers with at the start of the round on its local test
-    split (Vᵢ); ``private_accuracy``: Pᵢ (NaN without a private model); ``beta_hat``: the β̂ᵢ it measured (NaN
-    without Pᵢ) and ``beta_hat_sent`` the one it sent; ``adapting``: the round ran the recovery method;
-    ``infers_adapted``: the round's inference model was vᵢ; ``accepted``: the server took the update (False:
-    refused, the reason is logged). ``metrics``: every number the client sent with its update.
+    ``update``: the :class:`~fedcore.update_report.UpdateReport` it sent -- the same record the server reads, so the
+    app and the server see the same numbers under the same names (``update.test_accuracy``, ``update.adapting``,
+    ``update.beta_hat``: the β̂ᵢ sent, ...); ``beta_hat_measured``: the β̂ᵢ the client measured (None without Pᵢ;
+    differs from the one sent only for a fabricated-β̂ attacker); ``accepted``: the server took the update (False:
+    refused, the reason is logged).
     """
 
     round: int
-    num_samples: int
-    train_loss: float
-    test_accuracy: float = NAN
-    test_loss: float = NAN
-    private_accuracy: float = NAN
-    beta_hat: float = NAN
-    beta_hat_sent: float = NAN
-    adapting: bool = False
-    infers_adapted: bool = False
-    train_seconds: float = 0.0
+    update: UpdateReport
+    beta_hat_measured: BetaHat = None
     accepted: bool = True
-    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
-    @classmethod
-    def of(cls, round_: int, num_samples: int, train_loss: float, beta_hat_sent: float | None,
-           metrics: dict[str, float], accepted: bool) -> ClientRoundReport:
-        m = dict(metrics)
-        return cls(round=round_, num_samples=num_samples, train_loss=float(train_loss),
-                   test_accuracy=m.get("test_accuracy", NAN), test_loss=m.get("test_loss", NAN),
-                   private_accuracy=m.get("private_accuracy", NAN), beta_hat=m.get("beta_hat_measured", NAN),
-                   beta_hat_sent=NAN if beta_hat_sent is None else float(beta_hat_sent),
-                   adapting=bool(m.get("adapting", 0.0)), infers_adapted=bool(m.get("infers_adapted", 0.0)),
-                   train_seconds=m.get("train_seconds", 0.0), accepted=accepted, metrics=m)
+    def history_row(self) -> dict[str, float]:
+        """The round as a flat name -> number row (``ClientSummary.history``): ``round``, ``train_loss``, the sent
+        report's :meth:`~fedcore.update_report.UpdateReport.as_metrics` and ``beta_hat_measured`` when measured."""
+        measured = {} if self.beta_hat_measured is None else {MEASURED_BETA_HAT_KEY: self.beta_hat_measured}
+        return {"round": float(self.round), **self.update.as_metrics(), **measured,
+                "train_loss": self.update.train_loss}

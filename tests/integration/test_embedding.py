@@ -159,8 +159,8 @@ def test_an_app_serves_the_adapted_model_from_the_report_to_the_cancel(tmp_path:
     assert [r for k, r in models if k == "adapted"] == list(range(first, last + 1))
     assert [r for k, r in models if k == "global"] == list(range(1, ROUNDS + 1))
     assert [r.round for r in rounds] == list(range(1, ROUNDS + 1))
-    assert [r.adapting for r in rounds] == [first <= r.round <= last for r in rounds]
-    assert all(r.accepted and r.num_samples > 0 and r.train_seconds > 0 for r in rounds)
+    assert [r.update.adapting for r in rounds] == [first <= r.round <= last for r in rounds]
+    assert all(r.accepted and r.update.num_samples > 0 and r.update.train_seconds > 0 for r in rounds)
     assert app.nfl_state == ClientNflState(recovering=False, since_round=0, serving_adapted=False,
                                            server_recovery=False, own_decision=False, opt_out=False,
                                            beta_hat=app.nfl_state.beta_hat, round=ROUNDS)

@@ -37,6 +37,7 @@ from fedcore.data import ClientData
 from fedcore.log import get_logger
 from fedcore.models import model_manifest
 from fedcore.simulation import SimulationConfig
+from fedcore.update_report import UpdateReport
 
 LOG = get_logger("test")
 
@@ -93,7 +94,8 @@ class Core:
                 p.add_(1.0)
         update = UpdateContext(received=task.weights, trained=ctx.model.state_dict(), honest_update=lambda i: i,
                                num_train=ctx.data.num_train, seed=1)
-        return RoundReply(RoundOutcome(0.5, -0.25, {"test_accuracy": 0.5}, update))
+        sent = UpdateReport(num_samples=ctx.data.num_train, train_loss=0.5, beta_hat=-0.25, test_accuracy=0.5)
+        return RoundReply(RoundOutcome(sent, -0.25, update))
 
 
 def _events(ctx: ModContext) -> list[str]:
@@ -184,7 +186,8 @@ def test_model_replacement_sends_the_boosted_update_with_its_metric() -> None:
     ctx = _ctx()
     received = _task(ctx)
     reply = chain([model_poisoning(AttackConfig(kind="model_replacement", boost=3.0))], Core())(received, ctx)
-    assert reply.outcome is not None and reply.outcome.metrics == {"test_accuracy": 0.5, "attack_boost": 3.0}
+    assert reply.outcome is not None and reply.outcome.report.extras == {"attack_boost": 3.0}
+    assert reply.outcome.report.test_accuracy == 0.5
     for k, v in ctx.model.state_dict().items():  # w^{r-1} + 3 * (trained - w^{r-1}), trained = w^{r-1} + 1
         assert torch.allclose(v, received.weights[k] + 3.0)
 
@@ -194,15 +197,15 @@ def test_full_knowledge_sends_the_trained_model() -> None:
     task = _task(ctx)
     attack = AttackConfig(kind="stat_opt", knowledge="full")
     reply = chain([model_poisoning(attack)], Core())(task, ctx)
-    assert reply.outcome is not None and "attack_boost" not in reply.outcome.metrics
+    assert reply.outcome is not None and "attack_boost" not in reply.outcome.report.extras
     assert all(torch.allclose(v, task.weights[k] + 1.0) for k, v in ctx.model.state_dict().items())
 
 
 def test_a_fabricated_beta_hat_is_sent_the_measured_one_kept() -> None:
     ctx = _ctx()
     reply = chain([fabricated_beta_hat(0.75)], Core())(_task(ctx), ctx)
-    assert reply.outcome is not None and reply.outcome.beta_hat == 0.75
-    assert reply.outcome.metrics == {"test_accuracy": 0.5}
+    assert reply.outcome is not None and reply.outcome.report.beta_hat == 0.75
+    assert reply.outcome.beta_hat_measured == -0.25 and reply.outcome.report.test_accuracy == 0.5
     dropped = chain([fabricated_beta_hat(0.75), lambda t, c, n: RoundReply(None, "x")], Core())(_task(ctx), ctx)
     assert dropped.outcome is None
 

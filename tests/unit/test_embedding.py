@@ -19,6 +19,7 @@ from fedcore.client_state import (
 from fedcore.config import ClientConfig, ConfigError, RoundsConfig
 from fedcore.data import ClientData, DataError
 from fedcore.data.source import DataSource
+from fedcore.update_report import UpdateReport
 
 # ---- the round machine: a selected client that declines ----
 
@@ -106,15 +107,21 @@ def test_the_nfl_state_records_since_when_the_client_recovers() -> None:
     assert s0.server_recovery is None and s0.round == 0
 
 
-def test_the_round_report_reads_the_metrics_the_client_sends() -> None:
-    m = {"test_accuracy": 0.75, "test_loss": 0.5, "beta_hat_measured": -0.125, "adapting": 1.0,
-         "infers_adapted": 0.0, "train_seconds": 0.25, "private_accuracy": 0.875}
-    r = ClientRoundReport.of(4, 100, 0.5, 1.0, m, accepted=False)
-    assert (r.round, r.num_samples, r.train_loss, r.test_accuracy, r.beta_hat, r.beta_hat_sent) == (
-        4, 100, 0.5, 0.75, -0.125, 1.0)
-    assert r.adapting and not r.infers_adapted and not r.accepted and r.private_accuracy == 0.875
-    bare = ClientRoundReport.of(1, 10, 0.25, None, {}, accepted=True)
-    assert bare.beta_hat != bare.beta_hat and bare.beta_hat_sent != bare.beta_hat_sent  # NaN: none measured
+def test_the_clients_round_report_holds_the_update_report_it_sent() -> None:
+    sent = UpdateReport(num_samples=100, train_loss=0.5, beta_hat=1.0, test_accuracy=0.75, test_loss=0.5,
+                        private_accuracy=0.875, adapting=True, train_seconds=0.25, extras={"lindt_global_ce": 0.5})
+    r = ClientRoundReport(4, sent, beta_hat_measured=-0.125, accepted=False)
+    assert (r.round, r.update.num_samples, r.update.test_accuracy, r.beta_hat_measured, r.update.beta_hat) == (
+        4, 100, 0.75, -0.125, 1.0)
+    assert r.update.adapting and not r.update.infers_adapted and not r.accepted
+    # The client's per-round history row: the names an old client's metrics map used.
+    assert r.history_row() == {"round": 4.0, "train_loss": 0.5, "test_accuracy": 0.75, "test_loss": 0.5,
+                               "private_accuracy": 0.875, "adapting": 1.0, "infers_adapted": 0.0,
+                               "train_seconds": 0.25, "passes": 1.0, "lindt_global_ce": 0.5,
+                               "beta_hat_measured": -0.125}
+    bare = ClientRoundReport(1, UpdateReport(num_samples=10, train_loss=0.25))
+    assert bare.beta_hat_measured is None and bare.update.beta_hat is None and bare.accepted  # none measured
+    assert "beta_hat_measured" not in bare.history_row() and "test_accuracy" not in bare.history_row()
 
 
 # ---- data sources ----

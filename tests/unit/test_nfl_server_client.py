@@ -109,12 +109,13 @@ def _fed(mode: str = "detect-and-recover", nr: int = 0, c: int = 2) -> Federatio
 
 
 def _round(local: LocalRound, fed: FederationInfo, start: dict[str, torch.Tensor], round_: int, flag: bool,
-           private: float | None = 0.99) -> tuple[dict[str, torch.Tensor], dict[str, float], float | None]:
+           private: float | None = 0.99) -> tuple[dict[str, torch.Tensor], UpdateReport, float | None]:
+    """(the weights sent, the report sent, the measured beta_hat_i) of one LocalRound."""
     data = load_client_data("synthetic", 0, fed.seed, {})
     model = build_model("mlp", {})
     model.load_state_dict(start)
     out = local.run(model, data, data, fed, round_, flag, None, private)
-    return {k: v.clone() for k, v in model.state_dict().items()}, out.metrics, out.beta_hat
+    return {k: v.clone() for k, v in model.state_dict().items()}, out.report, out.beta_hat_measured
 
 
 def test_adaptation_leaves_the_sent_update_unchanged_and_holdouts_never_adapt() -> None:
@@ -125,16 +126,17 @@ def test_adaptation_leaves_the_sent_update_unchanged_and_holdouts_never_adapt() 
     adapting = LocalRound(ClientConfig(), "c0", log)
     sent, m_adapt, b_adapt = _round(adapting, fed, start, 1, True)
     assert all(torch.equal(plain[k], sent[k]) for k in plain)  # the update is the global copy's result
-    assert m_plain["adapting"] == 0.0 and m_adapt["adapting"] == 1.0 and "lambda_mean" in m_adapt
+    assert not m_plain.adapting and m_adapt.adapting and "lambda_mean" in m_adapt.extras
+    assert m_plain.passes == 1.0 and m_adapt.passes == 2.0 and "passes" not in m_adapt.extras
     assert b_plain == b_adapt  # round 1: both infer with the received model
     # Round 2: the adapting client infers (and measures beta_hat_i) with v_i; the update is still unchanged.
     plain2, _, _ = _round(LocalRound(ClientConfig(), "c0", log), fed, plain, 2, False)
     sent2, m2, _ = _round(adapting, fed, sent, 2, True)
-    assert all(torch.equal(plain2[k], sent2[k]) for k in plain2) and m2["infers_adapted"] == 1.0
+    assert all(torch.equal(plain2[k], sent2[k]) for k in plain2) and m2.infers_adapted
     holdout = LocalRound(ClientConfig(opt_out=True), "c0", log)
     for r in (1, 2, 3):
         _, m, b = _round(holdout, fed, start, r, True)
-        assert m["adapting"] == 0.0 and m["infers_adapted"] == 0.0 and b is not None
+        assert not m.adapting and not m.infers_adapted and b is not None and m.beta_hat == b
 
 
 def test_individual_measures_start_adaptation_and_survive_a_client_restart(tmp_path: Path) -> None:
@@ -143,15 +145,15 @@ def test_individual_measures_start_adaptation_and_survive_a_client_restart(tmp_p
     cfg = ClientConfig(state_dir=str(tmp_path))
     local = LocalRound(cfg, "c0", get_logger("test"))
     _, m, b = _round(local, fed, start, 1, False, private=1.0)  # P_i = 1: beta_hat_i < 0 for sure
-    assert b is not None and b < 0 and m["adapting"] == 1.0 and local.adapting_on_its_own
+    assert b is not None and b < 0 and m.adapting and local.adapting_on_its_own and m.private_accuracy == 1.0
     assert (tmp_path / TRAINER_STATE_FILE).exists()
     restarted = LocalRound(cfg, "c0", get_logger("test"))
     _, m2, _ = _round(restarted, fed, start, 2, False, private=1.0)
-    assert m2["adapting"] == 1.0 and m2["infers_adapted"] == 1.0 and restarted.adapting_on_its_own
+    assert m2.adapting and m2.infers_adapted and restarted.adapting_on_its_own
     # In mode off neither the individual measures nor the flag adapt.
     off = LocalRound(ClientConfig(), "c1", get_logger("test"))
     _, m3, _ = _round(off, _fed(mode="off", nr=0), start, 1, True, private=1.0)
-    assert m3["adapting"] == 0.0
+    assert not m3.adapting
 
 
 def test_the_local_round_sends_the_measured_beta_hat_attacks_are_mods(tmp_path: Path) -> None:
@@ -159,8 +161,8 @@ def test_the_local_round_sends_the_measured_beta_hat_attacks_are_mods(tmp_path: 
     (tests/unit/test_client_mods.py)."""
     start = build_model("mlp", {}).state_dict()
     local = LocalRound(ClientConfig(attack=AttackConfig(fake_beta_hat=0.75)), "c0", get_logger("test"))
-    _, m, sent = _round(local, _fed(nr=1000), start, 1, False)
-    assert sent == m["beta_hat_measured"] != 0.75
+    _, m, measured = _round(local, _fed(nr=1000), start, 1, False)
+    assert m.beta_hat == measured != 0.75
 
 
 def test_a_corrupt_trainer_state_is_a_clear_error_and_is_left_alone(tmp_path: Path) -> None:
