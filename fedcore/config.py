@@ -22,11 +22,14 @@ from fedcore.attacks import AttackConfig
 from fedcore.attacks.harness import SimulationHarnessConfig
 from fedcore.distfl.config import DistflConfig
 from fedcore.errors import ConfigError as ConfigError  # re-exported: the old import path keeps working
+from fedcore.errors import require
 from fedcore.nfl.config import NflConfig
 from fedcore.options import from_dict as from_dict  # re-exported
 from fedcore.options import to_dict as to_dict  # re-exported
 from fedcore.privacy import DpConfig
 from fedcore.simulation import SimulationConfig
+from fedcore.training_config import TrainingConfig as TrainingConfig  # re-exported
+from fedcore.training_config import validate_training_config as validate_training_config  # re-exported
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,26 +52,6 @@ class DataConfig:
     # The dataset's and its partition's options (e.g. num_clients, partition = "noniid-mixed"), announced to the
     # clients; an announcement never sets a client's paths or downloads.
     options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class TrainingConfig:
-    # Local epochs per round on each client.
-    local_epochs: int = 1
-    # Local mini-batch size.
-    batch_size: int = 10
-    # Local SGD learning rate of round 1 (see lr_decay).
-    learning_rate: float = 0.05
-    # SGD momentum.
-    momentum: float = 0.0
-    # SGD weight decay (L2 penalty).
-    weight_decay: float = 0.0
-    # Multiply the learning rate by this factor every round (FL-GUARD/LINDT use 0.992).
-    lr_decay: float = 1.0
-    # Per-step gradient-norm clip on the client; 0 disables it.
-    grad_clip_norm: float = 0.0
-    # FedProx proximal coefficient mu; 0 is plain local SGD.
-    prox_mu: float = 0.0
 
 
 @dataclass
@@ -352,48 +335,43 @@ class ClientConfig:
 
 # ---- validation ----
 
-def _check(cond: bool, path: str, message: str) -> None:
-    if not cond:
-        raise ConfigError(path, message)
-
-
 def validate_server_config(c: ServerConfig) -> None:
     s, r, t = c.server, c.rounds, c.training
-    _check(_valid_address(s.address), "server.address", f"expected host:port, got {s.address!r}")
-    _check(bool(s.federation_id), "server.federation_id", "must not be empty")
-    _check(s.chunk_bytes >= 1024, "server.chunk_bytes", f"must be >= 1024, got {s.chunk_bytes}")
-    _check(s.max_message_bytes >= s.chunk_bytes + 4096, "server.max_message_bytes",
-           f"must exceed chunk_bytes ({s.chunk_bytes}) by at least 4096, got {s.max_message_bytes}")
-    _check(s.max_update_bytes > 0, "server.max_update_bytes", f"must be > 0, got {s.max_update_bytes}")
-    _check(s.long_poll_s > 0, "server.long_poll_s", f"must be > 0, got {s.long_poll_s}")
-    _check(s.heartbeat_interval_s > 0, "server.heartbeat_interval_s", f"must be > 0, got {s.heartbeat_interval_s}")
-    _check(s.heartbeat_patience_s > s.heartbeat_interval_s, "server.heartbeat_patience_s",
-           f"must exceed heartbeat_interval_s ({s.heartbeat_interval_s}), got {s.heartbeat_patience_s}")
-    _check(math.isfinite(s.poll_grace_s) and s.poll_grace_s >= 0, "server.poll_grace_s",
-           f"must be >= 0 seconds (0: off), got {s.poll_grace_s}")
-    _check(s.log_level in _LOG_LEVELS, "server.log_level", f"one of {sorted(_LOG_LEVELS)}, got {s.log_level!r}")
-    _check(s.stream_idle_timeout_s > 0, "server.stream_idle_timeout_s",
-           f"must be > 0, got {s.stream_idle_timeout_s}")
-    _check(s.max_buffered_bytes > 0, "server.max_buffered_bytes", f"must be > 0, got {s.max_buffered_bytes}")
+    require(_valid_address(s.address), "server.address", f"expected host:port, got {s.address!r}")
+    require(bool(s.federation_id), "server.federation_id", "must not be empty")
+    require(s.chunk_bytes >= 1024, "server.chunk_bytes", f"must be >= 1024, got {s.chunk_bytes}")
+    require(s.max_message_bytes >= s.chunk_bytes + 4096, "server.max_message_bytes",
+                f"must exceed chunk_bytes ({s.chunk_bytes}) by at least 4096, got {s.max_message_bytes}")
+    require(s.max_update_bytes > 0, "server.max_update_bytes", f"must be > 0, got {s.max_update_bytes}")
+    require(s.long_poll_s > 0, "server.long_poll_s", f"must be > 0, got {s.long_poll_s}")
+    require(s.heartbeat_interval_s > 0, "server.heartbeat_interval_s", f"must be > 0, got {s.heartbeat_interval_s}")
+    require(s.heartbeat_patience_s > s.heartbeat_interval_s, "server.heartbeat_patience_s",
+                f"must exceed heartbeat_interval_s ({s.heartbeat_interval_s}), got {s.heartbeat_patience_s}")
+    require(math.isfinite(s.poll_grace_s) and s.poll_grace_s >= 0, "server.poll_grace_s",
+            f"must be >= 0 seconds (0: off), got {s.poll_grace_s}")
+    require(s.log_level in _LOG_LEVELS, "server.log_level", f"one of {sorted(_LOG_LEVELS)}, got {s.log_level!r}")
+    require(s.stream_idle_timeout_s > 0, "server.stream_idle_timeout_s",
+            f"must be > 0, got {s.stream_idle_timeout_s}")
+    require(s.max_buffered_bytes > 0, "server.max_buffered_bytes", f"must be > 0, got {s.max_buffered_bytes}")
     _check_token(s.token, s.token_file, "server.token")
-    _check(r.num_rounds >= 1, "rounds.num_rounds", f"must be >= 1, got {r.num_rounds}")
-    _check(r.clients_per_round >= 1, "rounds.clients_per_round", f"must be >= 1, got {r.clients_per_round}")
-    _check(r.over_select >= 1.0, "rounds.over_select", f"must be >= 1.0, got {r.over_select}")
-    _check(0 <= r.min_updates <= r.clients_per_round, "rounds.min_updates",
-           f"must be in [0, clients_per_round={r.clients_per_round}], got {r.min_updates}")
-    _check(r.min_available == 0 or r.min_available >= r.effective_min_updates, "rounds.min_available",
-           f"must be 0 or >= min_updates ({r.effective_min_updates}), got {r.min_available}")
-    _check(r.round_timeout_s > 0, "rounds.round_timeout_s", f"must be > 0, got {r.round_timeout_s}")
-    _check(r.sampling_timeout_s > 0, "rounds.sampling_timeout_s", f"must be > 0, got {r.sampling_timeout_s}")
-    _check(r.seed >= 0, "rounds.seed", f"must be >= 0, got {r.seed}")
+    require(r.num_rounds >= 1, "rounds.num_rounds", f"must be >= 1, got {r.num_rounds}")
+    require(r.clients_per_round >= 1, "rounds.clients_per_round", f"must be >= 1, got {r.clients_per_round}")
+    require(r.over_select >= 1.0, "rounds.over_select", f"must be >= 1.0, got {r.over_select}")
+    require(0 <= r.min_updates <= r.clients_per_round, "rounds.min_updates",
+                f"must be in [0, clients_per_round={r.clients_per_round}], got {r.min_updates}")
+    require(r.min_available == 0 or r.min_available >= r.effective_min_updates, "rounds.min_available",
+            f"must be 0 or >= min_updates ({r.effective_min_updates}), got {r.min_available}")
+    require(r.round_timeout_s > 0, "rounds.round_timeout_s", f"must be > 0, got {r.round_timeout_s}")
+    require(r.sampling_timeout_s > 0, "rounds.sampling_timeout_s", f"must be > 0, got {r.sampling_timeout_s}")
+    require(r.seed >= 0, "rounds.seed", f"must be >= 0, got {r.seed}")
     validate_training_config(t)
-    _check(bool(c.model.name), "model.name", "must not be empty")
-    _check(bool(c.data.dataset), "data.dataset", "must not be empty")
-    _check(c.evaluation.central_clients >= 0, "evaluation.central_clients",
-           f"must be >= 0, got {c.evaluation.central_clients}")
+    require(bool(c.model.name), "model.name", "must not be empty")
+    require(bool(c.data.dataset), "data.dataset", "must not be empty")
+    require(c.evaluation.central_clients >= 0, "evaluation.central_clients",
+            f"must be >= 0, got {c.evaluation.central_clients}")
     _check_device(c.evaluation.device, "evaluation.device")
-    _check(c.persistence.keep_snapshots >= 1, "persistence.keep_snapshots",
-           f"must be >= 1, got {c.persistence.keep_snapshots}")
+    require(c.persistence.keep_snapshots >= 1, "persistence.keep_snapshots",
+            f"must be >= 1, got {c.persistence.keep_snapshots}")
     try:
         c.aggregation.validate(r.clients_per_round, r.min_updates or None)
     except ValueError as e:
@@ -402,8 +380,8 @@ def validate_server_config(c: ServerConfig) -> None:
     c.distfl.validate("distfl")
     _validate_dp(c)
     from fedcore.train.trainers import TRAINERS, make_trainer
-    _check(c.recovery.method in TRAINERS, "recovery.method",
-           f"unknown method {c.recovery.method!r}; known: {', '.join(TRAINERS.names())}")
+    require(c.recovery.method in TRAINERS, "recovery.method",
+            f"unknown method {c.recovery.method!r}; known: {', '.join(TRAINERS.names())}")
     try:
         make_trainer(c.recovery.method, c.recovery.options)
     except ConfigError as e:
@@ -412,23 +390,23 @@ def validate_server_config(c: ServerConfig) -> None:
                           message) from None
     sec = c.security
     if not sec.insecure:
-        _check(bool(sec.tls_cert and sec.tls_key), "security.tls_cert",
-               "TLS needs a certificate and its key (security.tls_cert, security.tls_key; --tls-cert, "
-               "--tls-key; make them with fedguard-certs); for plaintext set security.insecure = true "
-               "(--insecure)")
-    _check(bool(sec.tls_cert) == bool(sec.tls_key), "security.tls_key", "tls_cert and tls_key go together")
-    _check(not (sec.client_ca and sec.insecure), "security.client_ca", "mutual TLS needs TLS: not with insecure")
+        require(bool(sec.tls_cert and sec.tls_key), "security.tls_cert",
+                "TLS needs a certificate and its key (security.tls_cert, security.tls_key; --tls-cert, "
+                "--tls-key; make them with fedguard-certs); for plaintext set security.insecure = true "
+                "(--insecure)")
+    require(bool(sec.tls_cert) == bool(sec.tls_key), "security.tls_key", "tls_cert and tls_key go together")
+    require(not (sec.client_ca and sec.insecure), "security.client_ca", "mutual TLS needs TLS: not with insecure")
     for name in ("tls_cert", "tls_key", "client_ca", "client_keys", "operator_token_file", "crl"):
         _check_file(getattr(sec, name), f"security.{name}")
-    _check(math.isfinite(sec.replay_window_s) and sec.replay_window_s > 0, "security.replay_window_s",
-           f"must be > 0, got {sec.replay_window_s}")
-    _check(not sec.crl or bool(sec.client_ca), "security.crl", "a CRL revokes client certificates: it needs "
-           "mutual TLS (security.client_ca)")
+    require(math.isfinite(sec.replay_window_s) and sec.replay_window_s > 0, "security.replay_window_s",
+            f"must be > 0, got {sec.replay_window_s}")
+    require(not sec.crl or bool(sec.client_ca), "security.crl", "a CRL revokes client certificates: it needs "
+                "mutual TLS (security.client_ca)")
     for name in ("join_rate_per_credential", "join_rate_per_peer"):
         rate = getattr(sec, name)
-        _check(math.isfinite(rate) and rate > 0, f"security.{name}", f"must be > 0 joins per second, got {rate}")
-    _check(sec.max_sessions_per_credential >= 1, "security.max_sessions_per_credential",
-           f"must be >= 1, got {sec.max_sessions_per_credential}")
+        require(math.isfinite(rate) and rate > 0, f"security.{name}", f"must be > 0 joins per second, got {rate}")
+    require(sec.max_sessions_per_credential >= 1, "security.max_sessions_per_credential",
+                f"must be >= 1, got {sec.max_sessions_per_credential}")
     _validate_harness(c)
 
 
@@ -445,11 +423,11 @@ def _validate_dp(c: ServerConfig) -> None:
         raise ConfigError(field_name, message) from None
     if c.dp.max_epsilon is None:
         return
-    _check(c.dp.accounting, "dp.max_epsilon", "a budget needs dp.accounting = true")
+    require(c.dp.accounting, "dp.max_epsilon", "a budget needs dp.accounting = true")
     reason = not_accounted(c.aggregation, c.distfl.enabled)
-    _check(reason is None, "dp.max_epsilon", f"no epsilon is computed for this configuration: {reason}")
-    _check(importlib.util.find_spec("opacus") is not None, "dp.max_epsilon",
-           f"the budget needs the privacy accountant: {INSTALL_HINT}")
+    require(reason is None, "dp.max_epsilon", f"no epsilon is computed for this configuration: {reason}")
+    require(importlib.util.find_spec("opacus") is not None, "dp.max_epsilon",
+                f"the budget needs the privacy accountant: {INSTALL_HINT}")
 
 
 def _validate_harness(c: ServerConfig) -> None:
@@ -467,11 +445,11 @@ def _validate_harness(c: ServerConfig) -> None:
                                         ("mutual TLS (security.client_ca)", bool(sec.client_ca)),
                                         ("enrolled client keys (security.client_keys)", bool(sec.client_keys)))
                   if on]
-    _check(not production and sec.insecure, "simulation_harness.full_knowledge_adversary",
-           "a simulation test harness (the server crafts the attackers' updates); refused with production "
-           f"settings: it runs only on an insecure loopback/simulation server, got {', '.join(production) or 'TLS'}")
-    _check(not c.distfl.enabled, "simulation_harness.full_knowledge_adversary",
-           "not supported with distfl.enabled (clusters aggregate their own rows)")
+    require(not production and sec.insecure, "simulation_harness.full_knowledge_adversary",
+            "a simulation test harness (the server crafts the attackers' updates); refused with production "
+            f"settings: it runs only on an insecure loopback/simulation server, got {', '.join(production) or 'TLS'}")
+    require(not c.distfl.enabled, "simulation_harness.full_knowledge_adversary",
+                "not supported with distfl.enabled (clusters aggregate their own rows)")
 
 
 def resolved_rounds(c: ServerConfig) -> RoundsConfig:
@@ -539,35 +517,23 @@ def check_data_config(c: ServerConfig) -> None:
     r = c.rounds
     where = f"data.options num_clients = {shards}" if "num_clients" in c.data.options else \
         f"{c.data.dataset} makes {shards} clients unless data.options sets num_clients"
-    _check(r.clients_per_round <= shards, "rounds.clients_per_round",
-           f"K = {r.clients_per_round} is more than the {shards} clients the data has ({where})")
-    _check(r.min_available <= shards, "rounds.min_available",
-           f"{r.min_available} is more than the {shards} clients the data has ({where})")
-
-
-def validate_training_config(t: TrainingConfig, prefix: str = "training") -> None:
-    _check(t.local_epochs >= 1, f"{prefix}.local_epochs", f"must be >= 1, got {t.local_epochs}")
-    _check(t.batch_size >= 1, f"{prefix}.batch_size", f"must be >= 1, got {t.batch_size}")
-    _check(math.isfinite(t.learning_rate) and t.learning_rate > 0, f"{prefix}.learning_rate",
-           f"must be a finite number > 0, got {t.learning_rate}")
-    _check(0 <= t.momentum < 1, f"{prefix}.momentum", f"must be in [0, 1), got {t.momentum}")
-    _check(t.weight_decay >= 0, f"{prefix}.weight_decay", f"must be >= 0, got {t.weight_decay}")
-    _check(0 < t.lr_decay <= 1, f"{prefix}.lr_decay", f"must be in (0, 1], got {t.lr_decay}")
-    _check(t.grad_clip_norm >= 0, f"{prefix}.grad_clip_norm", f"must be >= 0, got {t.grad_clip_norm}")
-    _check(t.prox_mu >= 0, f"{prefix}.prox_mu", f"must be >= 0, got {t.prox_mu}")
+    require(r.clients_per_round <= shards, "rounds.clients_per_round",
+            f"K = {r.clients_per_round} is more than the {shards} clients the data has ({where})")
+    require(r.min_available <= shards, "rounds.min_available",
+                f"{r.min_available} is more than the {shards} clients the data has ({where})")
 
 
 def validate_client_config(c: ClientConfig) -> None:
-    _check(_valid_address(c.server), "server", f"expected host:port, got {c.server!r}")
-    _check(c.long_poll_s > 0, "long_poll_s", f"must be > 0, got {c.long_poll_s}")
-    _check(0 < c.backoff_initial_s <= c.backoff_max_s, "backoff_initial_s",
-           f"need 0 < backoff_initial_s <= backoff_max_s, got {c.backoff_initial_s} and {c.backoff_max_s}")
-    _check(c.give_up_after_s >= 0, "give_up_after_s", f"must be >= 0, got {c.give_up_after_s}")
+    require(_valid_address(c.server), "server", f"expected host:port, got {c.server!r}")
+    require(c.long_poll_s > 0, "long_poll_s", f"must be > 0, got {c.long_poll_s}")
+    require(0 < c.backoff_initial_s <= c.backoff_max_s, "backoff_initial_s",
+            f"need 0 < backoff_initial_s <= backoff_max_s, got {c.backoff_initial_s} and {c.backoff_max_s}")
+    require(c.give_up_after_s >= 0, "give_up_after_s", f"must be >= 0, got {c.give_up_after_s}")
     from fedcore.train.trainers import TRAINERS, make_trainer
-    _check(not c.trainer or c.trainer in TRAINERS, "trainer",
-           f"unknown trainer {c.trainer!r}; known: {', '.join(TRAINERS.names())}")
-    _check(bool(c.trainer) or not c.trainer_options, "trainer_options",
-           "options need a trainer (the server's method comes with its own options)")
+    require(not c.trainer or c.trainer in TRAINERS, "trainer",
+            f"unknown trainer {c.trainer!r}; known: {', '.join(TRAINERS.names())}")
+    require(bool(c.trainer) or not c.trainer_options, "trainer_options",
+                "options need a trainer (the server's method comes with its own options)")
     try:
         if c.trainer:
             make_trainer(c.trainer, c.trainer_options)
@@ -575,37 +541,37 @@ def validate_client_config(c: ClientConfig) -> None:
         message = str(e).partition(": ")[2]
         raise ConfigError("trainer_options" if e.field == "trainer" else f"trainer_options.{e.field}",
                           message) from None
-    _check(c.infer_after_recovery in ("adapted", "global"), "infer_after_recovery",
-           f"one of 'adapted', 'global', got {c.infer_after_recovery!r}")
-    _check(c.max_model_bytes > 0, "max_model_bytes", f"must be > 0, got {c.max_model_bytes}")
+    require(c.infer_after_recovery in ("adapted", "global"), "infer_after_recovery",
+            f"one of 'adapted', 'global', got {c.infer_after_recovery!r}")
+    require(c.max_model_bytes > 0, "max_model_bytes", f"must be > 0, got {c.max_model_bytes}")
     _check_token(c.token, c.token_file, "token")
-    _check(not (c.insecure and (c.ca_cert or c.cert or c.key)), "insecure",
-           "plaintext (insecure) contradicts ca_cert/cert/key")
-    _check(bool(c.cert) == bool(c.key), "key", "cert and key go together")
+    require(not (c.insecure and (c.ca_cert or c.cert or c.key)), "insecure",
+            "plaintext (insecure) contradicts ca_cert/cert/key")
+    require(bool(c.cert) == bool(c.key), "key", "cert and key go together")
     for name in ("ca_cert", "cert", "key", "signing_key"):
         _check_file(getattr(c, name), name)
     if c.dataset:
         from fedcore.data import available_datasets
-        _check(c.dataset in available_datasets(), "dataset",
-               f"unknown dataset {c.dataset!r}; known: {', '.join(available_datasets())}")
+        require(c.dataset in available_datasets(), "dataset",
+                f"unknown dataset {c.dataset!r}; known: {', '.join(available_datasets())}")
     c.simulation.validate("simulation")
-    _check(c.torch_threads >= 0, "torch_threads", f"must be >= 0, got {c.torch_threads}")
-    _check(c.private_epochs >= 0, "private_epochs", f"must be >= 0, got {c.private_epochs}")
+    require(c.torch_threads >= 0, "torch_threads", f"must be >= 0, got {c.torch_threads}")
+    require(c.private_epochs >= 0, "private_epochs", f"must be >= 0, got {c.private_epochs}")
     _check_device(c.device, "device")
-    _check(c.log_level in _LOG_LEVELS, "log_level", f"one of {sorted(_LOG_LEVELS)}, got {c.log_level!r}")
+    require(c.log_level in _LOG_LEVELS, "log_level", f"one of {sorted(_LOG_LEVELS)}, got {c.log_level!r}")
 
 
 _LOG_LEVELS = {"debug", "info", "warning", "error"}
 
 
 def _check_file(path: str, field_path: str) -> None:
-    _check(not path or Path(path).is_file(), field_path, f"no such file: {path}")
+    require(not path or Path(path).is_file(), field_path, f"no such file: {path}")
 
 
 def _check_token(token: str, token_file: str, field_path: str) -> None:
-    _check(not (token and token_file), field_path, "give the token or a token_file, not both")
+    require(not (token and token_file), field_path, "give the token or a token_file, not both")
     _check_file(token_file, f"{field_path}_file")
-    _check(len(token) <= MAX_TOKEN, field_path, f"at most {MAX_TOKEN} characters")
+    require(len(token) <= MAX_TOKEN, field_path, f"at most {MAX_TOKEN} characters")
 
 
 MAX_TOKEN = 256
@@ -621,7 +587,7 @@ def secret_token(token: str, token_file: str) -> str:
             token = Path(token_file).read_text().strip()
         except OSError as e:
             raise ConfigError("token_file", f"cannot read: {e.strerror}") from None
-        _check(len(token) <= MAX_TOKEN, "token_file", f"the token must be at most {MAX_TOKEN} characters")
+        require(len(token) <= MAX_TOKEN, "token_file", f"the token must be at most {MAX_TOKEN} characters")
     return token
 
 
@@ -644,8 +610,8 @@ def redacted(config: Any) -> dict[str, Any]:
 
 
 def _check_device(device: str, path: str) -> None:
-    _check(re.fullmatch(r"cpu|auto|cuda(:\d+)?", device) is not None, path,
-           f"one of 'cpu', 'cuda', 'cuda:N', 'auto', got {device!r}")
+    require(re.fullmatch(r"cpu|auto|cuda(:\d+)?", device) is not None, path,
+            f"one of 'cpu', 'cuda', 'cuda:N', 'auto', got {device!r}")
 
 
 def _valid_address(addr: str) -> bool:

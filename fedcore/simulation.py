@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedcore.checks import is_finite_number
+from fedcore.errors import ConfigError, require
 from fedcore.seeds import derive_seed
 
 STRAGGLERS = ("fixed", "lognormal")
@@ -69,12 +70,10 @@ class SimulationConfig:
 
 
 def validate_simulation_config(c: SimulationConfig, prefix: str = "simulation") -> None:
-    """Raise :class:`fedcore.config.ConfigError` naming ``<prefix>.<field>`` for the first unusable field."""
-    from fedcore.config import ConfigError
+    """Raise :class:`fedcore.errors.ConfigError` naming ``<prefix>.<field>`` for the first unusable field."""
 
     def check(cond: bool, name: str, message: str) -> None:
-        if not cond:
-            raise ConfigError(f"{prefix}.{name}", message)
+        require(cond, f"{prefix}.{name}", message)
 
     check(c.straggler in STRAGGLERS, "straggler", f"one of {', '.join(STRAGGLERS)}, got {c.straggler!r}")
     check(is_finite_number(c.straggler_delay_s) and c.straggler_delay_s >= 0, "straggler_delay_s",

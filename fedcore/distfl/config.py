@@ -1,13 +1,10 @@
 """The ``[distfl]`` configuration section: DistFL's distribution-aware clustering on the server (SPEC §8).
 
-A plain dataclass like the sections of :mod:`fedcore.config`, loadable with :func:`fedcore.config.from_dict`
+A plain dataclass like the sections of :mod:`fedcore.config`, loadable with :func:`fedcore.options.from_dict`
 (so its field types are the plain ``bool``/``int``/``float`` that loader coerces). :func:`validate_distfl_config`
-(also :meth:`DistflConfig.validate`) raises :class:`fedcore.config.ConfigError` naming the field (``distfl.tau:
-must be a finite number > 0, got 0``).
-
-This module does not import :mod:`fedcore.config` at import time, so that :mod:`fedcore.config` can import
-:class:`DistflConfig` for its ``ServerConfig`` without an import cycle; ``ConfigError`` is imported when a check
-runs.
+(also :meth:`DistflConfig.validate`) raises :class:`fedcore.errors.ConfigError` naming the field (``distfl.tau:
+must be a finite number > 0, got 0``); it imports the error from the leaf :mod:`fedcore.errors`, never
+:mod:`fedcore.config` (which imports this section), so no import circle forms.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedcore.checks import is_finite_number, is_int
+from fedcore.errors import require
 
 # The ways to choose τ (``DistflConfig.threshold``).
 THRESHOLDS = ("fixed", "gap", "silhouette")
@@ -63,12 +61,10 @@ class DistflConfig:
 
 
 def validate_distfl_config(c: DistflConfig, prefix: str = "distfl") -> None:
-    """Raise :class:`fedcore.config.ConfigError` naming ``<prefix>.<field>`` for the first unusable field."""
-    from fedcore.config import ConfigError
+    """Raise :class:`fedcore.errors.ConfigError` naming ``<prefix>.<field>`` for the first unusable field."""
 
     def check(cond: bool, name: str, message: str) -> None:
-        if not cond:
-            raise ConfigError(f"{prefix}.{name}", message)
+        require(cond, f"{prefix}.{name}", message)
 
     check(isinstance(c.enabled, bool), "enabled", f"must be true or false, got {c.enabled!r}")
     check(is_int(c.z) and c.z >= 1, "z", f"must be an integer >= 1 (synthetic inputs), got {c.z!r}")

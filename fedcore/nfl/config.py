@@ -1,21 +1,27 @@
 """The ``[nfl]`` configuration section: which NFL detector the server runs and how recovery stops (SPEC §6).
 
-A plain dataclass like the sections of :mod:`fedcore.config`, loadable with :func:`fedcore.config.from_dict`
+A plain dataclass like the sections of :mod:`fedcore.config`, loadable with :func:`fedcore.options.from_dict`
 (so its field types are the plain ``str``/``int``/``float`` that loader coerces). :func:`validate_nfl_config`
-(also :meth:`NflConfig.validate`) raises :class:`fedcore.config.ConfigError` naming the field (``nfl.nr: must
+(also :meth:`NflConfig.validate`) raises :class:`fedcore.errors.ConfigError` naming the field (``nfl.nr: must
 be an integer >= 0, got -1``).
 
-This module does not import :mod:`fedcore.config` at import time, so that :mod:`fedcore.config` can import
-:class:`NflConfig` for its ``ServerConfig`` without an import cycle; ``ConfigError`` is imported when a check
-runs.
+The detector registry (:data:`DETECTORS`) is held here, beside the field that names a detector, and filled by
+:mod:`fedcore.nfl.detectors` (imported with the package), so that the section validates the name without
+importing the detectors: nothing here imports upward and no import circle forms.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fedcore.checks import is_int
+from fedcore.errors import require
+from fedcore.registry import Registry
+
+if TYPE_CHECKING:
+    from fedcore.nfl.detectors import DetectorStep
 
 # Modes (FL-GUARD §4.3): vanilla FL until the detector reports NFL / the recovery flag set from round 1 with no
 # detection ("all-time recovery") / no recovery ever (vanilla FL; β̂ and Δ are still tracked for display).
@@ -28,6 +34,9 @@ MODES = (DETECT_AND_RECOVER, ALWAYS_RECOVER, OFF)
 LONG_TERM = "long-term"
 SHORT_TERM = "short-term"
 RECOVERY_STRATEGIES = (LONG_TERM, SHORT_TERM)
+
+# The NFL detectors by name (``nfl.detector``); fedcore.nfl.detectors registers the built-in ones.
+DETECTORS: Registry[DetectorStep] = Registry("NFL detector", ValueError)
 
 
 @dataclass
@@ -78,13 +87,10 @@ class NflConfig:
 
 
 def validate_nfl_config(c: NflConfig, prefix: str = "nfl") -> None:
-    """Raise :class:`fedcore.config.ConfigError` naming ``<prefix>.<field>`` for the first unusable field."""
-    from fedcore.config import ConfigError
-    from fedcore.nfl.detectors import DETECTORS
+    """Raise :class:`ConfigError` naming ``<prefix>.<field>`` for the first unusable field."""
 
     def check(cond: bool, name: str, message: str) -> None:
-        if not cond:
-            raise ConfigError(f"{prefix}.{name}", message)
+        require(cond, f"{prefix}.{name}", message)
 
     check(c.mode in MODES, "mode", f"one of {', '.join(repr(m) for m in MODES)}, got {c.mode!r}")
     check(isinstance(c.detector, str) and c.detector in DETECTORS, "detector",

@@ -83,7 +83,7 @@ from typing import Any
 
 from fedcore.checks import check_known_fields
 from fedcore.nfl.config import ALWAYS_RECOVER, DETECT_AND_RECOVER, SHORT_TERM, NflConfig
-from fedcore.registry import Registry
+from fedcore.nfl.config import DETECTORS as DETECTORS  # re-exported: the registry the detectors below fill
 
 REPORTED = "nfl.reported"
 CANCELLED = "nfl.cancelled"
@@ -185,12 +185,9 @@ class NflState:
 # the β̂ window is updated) and returns the events. Runs only in mode detect-and-recover.
 DetectorStep = Callable[[NflState, NflObservation, NflConfig], list[NflEvent]]
 
-DETECTORS: Registry[DetectorStep] = Registry("NFL detector", ValueError)
-
-
-def register_detector(name: str, detector: DetectorStep, *, replace: bool = False) -> None:
-    """Make ``detector`` selectable as ``nfl.detector = name``."""
-    DETECTORS.add(name, detector, replace=replace)
+def register_detector(name: str, detector: DetectorStep, *, summary: str = "", replace: bool = False) -> None:
+    """Make ``detector`` selectable as ``nfl.detector = name`` (``summary``: one line for --help and the docs)."""
+    DETECTORS.add(name, detector, summary=summary, replace=replace)
 
 
 def detector_names() -> list[str]:
@@ -233,7 +230,8 @@ def step(state: NflState, obs: NflObservation, config: NflConfig) -> tuple[NflSt
     return s, events
 
 
-@DETECTORS.register("beta_hat")
+@DETECTORS.register("beta_hat", summary="FL-GUARD §4.1 as published: the median of the clients' β̂ᵢ, averaged "
+                                        "over the last c rounds, below 0")
 def beta_hat_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
     """FL-GUARD §4.1 "NFL Detection" (1)–(2) over the running β̂ (Eq. 5); see the module docstring."""
     if obs.beta_hat is None or s.beta_hat is None:
@@ -309,11 +307,13 @@ def _plateau_reached(s: NflState, m: float, config: NflConfig) -> bool:
     return math.fsum(s.startup[k:]) <= math.fsum(s.startup[:k])
 
 
-register_detector("beta_hat_warmup", _guarded(_warmup_over, "beta_hat_warmup"))
-register_detector("beta_hat_plateau", _guarded(_plateau_reached, "beta_hat_plateau"))
+register_detector("beta_hat_warmup", _guarded(_warmup_over, "beta_hat_warmup"),
+                  summary="beta_hat, the first nfl.warmup rounds with a β̂ not counted")
+register_detector("beta_hat_plateau", _guarded(_plateau_reached, "beta_hat_plateau"),
+                  summary="beta_hat, counting only once β̂ has stopped rising (the default)")
 
 
-@DETECTORS.register("beta_hat_cusum")
+@DETECTORS.register("beta_hat_cusum", summary="one-sided CUSUM on the round medians of β̂ᵢ")
 def beta_hat_cusum_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
     """One-sided CUSUM on the round medians (no start-up guard): S = max(0, S − m − k); NFL is reported when
     S > h. ``count``: the rounds with m < −k since the last reset. While reported, the paper's cancel rule (c
@@ -334,7 +334,7 @@ def beta_hat_cusum_step(s: NflState, obs: NflObservation, config: NflConfig) -> 
     return [NflEvent(REPORTED, r, s.cusum, s.count, "beta_hat_cusum")]
 
 
-@DETECTORS.register("delta")
+@DETECTORS.register("delta", summary="LINDT §3.4: Δ = w_div − ‖noise‖ above ε for more than r′ rounds")
 def delta_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
     """LINDT Algorithm 2 s8–s11 (count Δ > ε, report at count > r′) and appendix C.7's stop rule."""
     d = obs.delta

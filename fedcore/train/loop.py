@@ -48,9 +48,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedcore.config import TrainingConfig
 from fedcore.seeds import DROPOUT, derive_seed
 from fedcore.train.dropout import deterministic_dropout
+from fedcore.training_config import TrainingConfig
 
 DIVERGED = "local training diverged (non-finite loss); lower the learning rate"
 

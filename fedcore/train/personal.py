@@ -48,7 +48,8 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from fedcore.checks import is_finite_number, is_int
-from fedcore.config import ConfigError, TrainingConfig, from_dict
+from fedcore.errors import ConfigError
+from fedcore.options import from_dict
 from fedcore.seeds import RoundSeeds, derive_seed
 from fedcore.train import Batches, TrainResult, model_device, shuffled_batches, train_local
 from fedcore.train.loop import LossMeter, Optimised, StepHooks, fill_missing_grads, run_sgd, sgd_step
@@ -65,6 +66,7 @@ from fedcore.train.trainers import (
     parameterised_layers,
     personal_copy,
 )
+from fedcore.training_config import TrainingConfig
 
 # Seed purposes (derive_seed(seeds.batches, purpose) / derive_seed(seeds.dropout, purpose)): the trainers' names.
 DITTO = "ditto"

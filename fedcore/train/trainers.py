@@ -44,8 +44,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedcore.config import ConfigError, TrainingConfig, from_dict
+from fedcore.errors import ConfigError
 from fedcore.models.zoo import HydraModel
+from fedcore.options import from_dict
 from fedcore.registry import Registry
 from fedcore.seeds import RoundSeeds, derive_seed
 from fedcore.serialization import SerializationError, load_state, save_state
@@ -67,6 +68,7 @@ from fedcore.train.loop import (
     fill_missing_grads,
     sgd_step,
 )
+from fedcore.training_config import TrainingConfig
 
 # Seed purpose of the adapted model's dropout masks: derive_seed(seeds.dropout, ADAPT_DROPOUT).
 ADAPT_DROPOUT = "adapt_dropout"
