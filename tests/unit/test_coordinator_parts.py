@@ -1,0 +1,260 @@
+"""The coordinator's parts (issue 27 item 6): the round closer's order (aggregate -> report -> stages -> persist
+-> subscribers), membership, long-polls, the waiting line, the store seam the crash tests use, and the size and
+purity of the coordinator itself."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fedcore import rounds as rm
+from fedcore.aggregation import AggregationResult
+from fedcore.config import RoundsConfig
+from fedcore.report import RoundReport
+from fedserver.errors import ProtocolError
+from fedserver.membership import Membership
+from fedserver.polls import LongPolls
+from fedserver.round_close import RoundCloser
+from fedserver.round_log import WAIT_LOG_S, WaitingLine
+from fedserver.sessions import Sessions
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---- the round closer ----
+
+
+class _Calls:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+
+class _Intake:
+    def __init__(self, calls: _Calls) -> None:
+        self.c = calls
+
+    def take(self) -> tuple[object, object]:
+        self.c.calls.append("take")
+        return object(), object()
+
+    def finished_round(self) -> None:
+        self.c.calls.append("finished_round")
+
+
+class _Finalizer:
+    def __init__(self, calls: _Calls, fail: bool) -> None:
+        self.c, self.fail = calls, fail
+
+    async def aggregate(self, agg: object, round_: int) -> AggregationResult:
+        self.c.calls.append("aggregate")
+        if self.fail:
+            raise ValueError("krum needs 5 updates")
+        return AggregationResult(torch.zeros(1), {"num_updates": 3.0})
+
+    async def report(self, result: AggregationResult, log: object, state: rm.RoundState,
+                     reason: str) -> RoundReport:
+        self.c.calls.append("report")
+        return RoundReport(round=state.round, outcome=reason, metrics=dict(result.metrics))
+
+
+class _Persistence:
+    def __init__(self, calls: _Calls) -> None:
+        self.c = calls
+        self.saved: list[RoundReport] = []
+
+    def snapshot(self, state: rm.RoundState, history: list[RoundReport], completed_rounds: int) -> None:
+        self.c.calls.append(f"snapshot {completed_rounds}")
+        self.saved = history
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+
+    def info(self, event: str, **kw: Any) -> None:
+        self.lines.append((event, kw))
+
+    warning = error = debug = info
+
+
+def _closer(fail: bool = False, ends: str = "") -> tuple[RoundCloser, _Calls, _Persistence, list[RoundReport]]:
+    calls, history = _Calls(), [RoundReport(round=1)]
+    persistence = _Persistence(calls)
+    state = rm.RoundState(round=2)
+
+    class _Harness:
+        enabled = False
+
+    closer = RoundCloser(_Intake(calls), object(), _Harness(), _Finalizer(calls, fail), persistence,  # type: ignore[arg-type]
+                         history, lambda: state, lambda: ends, lambda: 7.0, _Log())
+    return closer, calls, persistence, history
+
+
+def test_closer_completes_then_persists_then_publishes_in_registration_order() -> None:
+    closer, calls, persistence, history = _closer(ends="dp_budget")
+
+    def stage(name: str) -> Any:
+        def run(r: RoundReport) -> RoundReport:
+            calls.calls.append(f"stage {name}")
+            return replace(r, nfl_count=r.nfl_count * 10 + len(name))
+        return run
+
+    closer.add_stage(stage("a"))
+    closer.add_stage(stage("bb"))
+    got: list[RoundReport] = []
+    closer.subscribe(lambda r: calls.calls.append(f"subscriber {r.nfl_count}"))
+    closer.subscribe(got.append)
+    obs = asyncio.run(closer.close(2, "quorum"))
+    assert calls.calls == ["take", "aggregate", "report", "stage a", "stage bb", "snapshot 2", "subscriber 12",
+                           "finished_round"]
+    assert obs == rm.Aggregated(2, 7.0, "dp_budget")
+    # the snapshot saves the completed report after the earlier history; subscribers get the same report
+    assert persistence.saved[0] is history[0] and persistence.saved[1] == got[0]
+    assert got[0].nfl_count == 12 and got[0].outcome == "quorum" and got[0].metrics == {"num_updates": 3.0}
+
+
+def test_closer_reruns_a_round_the_rule_cannot_aggregate_without_saving_or_publishing() -> None:
+    closer, calls, _, _ = _closer(fail=True)
+    closer.add_stage(lambda r: pytest.fail("a stage ran"))  # type: ignore[arg-type,return-value]
+    closer.subscribe(lambda r: pytest.fail("a subscriber ran"))
+    obs = asyncio.run(closer.close(2, "deadline"))
+    assert obs == rm.AggregationFailed(2, "krum needs 5 updates", 7.0)
+    assert calls.calls == ["take", "aggregate"]
+
+
+# ---- membership and long-polls ----
+
+
+def _members() -> tuple[Membership, list[rm.Observation], list[tuple[str, ...]], dict[str, rm.RoundState]]:
+    box = {"s": rm.RoundState()}
+    seen: list[rm.Observation] = []
+    woken: list[tuple[str, ...]] = []
+
+    def observe(obs: rm.Observation) -> None:
+        seen.append(obs)
+        box["s"], _ = rm.step(box["s"], obs, RoundsConfig(num_rounds=1, clients_per_round=2),
+                                 rm.Limits(heartbeat_patience_s=60.0))
+
+    members = Membership(Sessions("tok"), "fp1", lambda: box["s"], observe, woken.append, lambda: 1.0, _Log())
+    return members, seen, woken, box
+
+
+def test_join_checks_token_and_fingerprint_then_records_the_client() -> None:
+    members, seen, woken, box = _members()
+    with pytest.raises(ProtocolError) as e:
+        members.join("c0", "tok", 10, False, False, "other-fp")
+    assert e.value.code == "FAILED_PRECONDITION" and seen == []
+    with pytest.raises(ProtocolError):
+        members.join("c0", "wrong", 10, False, False, "fp1")
+    res = members.join("c0", "tok", 10, False, False, "fp1")
+    assert res.client_index == 0 and woken == [("c0",)]
+    assert isinstance(seen[-1], rm.Joined) and box["s"].clients["c0"].num_samples == 10
+    assert members.touch(res.session_id) == "c0" and isinstance(seen[-1], rm.Seen)
+
+
+def test_a_client_that_leaves_must_be_told_again_that_the_federation_finished() -> None:
+    members, _, _, box = _members()
+    s1 = members.join("c0", "tok", 1, False, False, "").session_id
+    assert not members.all_told_finished()
+    members.told_finished("c0")
+    assert members.all_told_finished()
+    members.leave(s1, "done")
+    members.join("c0", "tok", 1, False, False, "")
+    assert box["s"].clients["c0"].alive and not members.all_told_finished()
+
+
+def test_a_poll_is_answered_finished_and_recorded_as_told() -> None:
+    members, _, _, box = _members()
+    session = members.join("c0", "tok", 1, False, False, "").session_id
+
+    class _Server:
+        heartbeat_interval_s, long_poll_s = 5.0, 0.0
+
+    polls = LongPolls(_Server(), members, object(), lambda: box["s"], lambda o: None,  # type: ignore[arg-type]
+                      lambda: False, lambda: 1.0)
+    box["s"] = replace(box["s"], phase=rm.FINISHED, outcome="completed")
+    got = asyncio.run(polls.pull(session, 10.0))
+    assert got.finished and got.reason == "federation completed"  # type: ignore[union-attr]
+    assert members.all_told_finished() and polls.connected() == frozenset()
+
+
+def test_wake_sets_only_the_parked_polls_it_names() -> None:
+    members, _, _, box = _members()
+    polls = LongPolls(object(), members, object(), lambda: box["s"], lambda o: None,  # type: ignore[arg-type]
+                      lambda: False, lambda: 1.0)
+    a, b = asyncio.Event(), asyncio.Event()
+    polls._parked.update({"a": a, "b": b})
+    polls.wake(("a", "unknown"))
+    assert a.is_set() and not b.is_set()
+    polls.wake()
+    assert b.is_set()
+
+
+def test_waiting_line_says_it_at_most_every_wait_log_s() -> None:
+    log = _Log()
+    line = WaitingLine(log, RoundsConfig(clients_per_round=2, sampling_timeout_s=100.0))
+    s = rm.RoundState(phase=rm.SAMPLING, phase_since=0.0)
+    line.maybe_log(s, WAIT_LOG_S - 1)
+    line.maybe_log(s, WAIT_LOG_S)
+    line.maybe_log(s, WAIT_LOG_S + 1)
+    line.maybe_log(s, 2 * WAIT_LOG_S)
+    assert [kw["gives_up_in_s"] for _, kw in log.lines] == [100 - WAIT_LOG_S, 100 - 2 * WAIT_LOG_S]
+    assert log.lines[0][1]["status"] == "waiting: 0 of 2 ready"
+
+
+# ---- the coordinator ----
+
+
+def _coordinator_class() -> ast.ClassDef:
+    tree = ast.parse((ROOT / "fedserver" / "coordinator.py").read_text())
+    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Coordinator")
+
+
+def test_the_coordinator_stays_small() -> None:
+    methods = [n for n in _coordinator_class().body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    assert len(methods) <= 20, [m.name for m in methods]
+
+
+def test_no_server_module_holds_test_only_fault_injection() -> None:
+    for path in sorted((ROOT / "fedserver").glob("*.py")):
+        text = path.read_text()
+        assert "FEDGUARD_CRASH" not in text and "SIGKILL" not in text and "os.kill" not in text, path.name
+
+
+# ---- the store seam of the crash tests (tests/crash_server.py) ----
+
+
+@pytest.mark.parametrize(("point", "rounds_kept"), [("saving", [1]), ("files_written", [1]), ("committed", [1, 2])])
+def test_crashing_store_dies_at_its_point(tmp_path: Path, point: str, rounds_kept: list[int]) -> None:
+    code = textwrap.dedent(f"""
+        import sys, torch
+        from pathlib import Path
+        from fedcore.config import PersistenceConfig
+        from fedserver.store import Snapshot
+        from tests.crash_server import CrashingStore
+        s = CrashingStore(Path(sys.argv[1]), PersistenceConfig(), {point!r}, 2)
+        for r in (1, 2, 3):
+            s.save(Snapshot(r, {{"r": r}}, {{"global": {{"w": torch.full((2,), float(r))}}}}, history_len=0))
+        print("not reached")
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "state")], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == -9, res.stderr
+    from fedserver.store import StateStore
+
+    with StateStore(tmp_path / "state") as store:
+        loaded = store.load()
+        assert loaded.snapshot is not None and loaded.snapshot.completed_rounds == rounds_kept[-1]
+        leftovers = store.clean_pending()
+    assert len(leftovers) == (1 if point == "files_written" else 0)  # the uncommitted save's model file
