@@ -1,11 +1,20 @@
-"""Aggregation configuration, its validation, and the result type every aggregator returns."""
+"""Aggregation configuration, its validation, the rule registry it names a rule from, and the result types.
+
+The registry (:data:`RULES`) and the :class:`Rule` protocol live here, beside the field that names a rule, and
+:mod:`fedcore.aggregation.rules` (imported with the package) registers the built-in rules into it: the section
+validates its rule without importing the rules, so no import circle forms.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+
+from fedcore.registry import Registry
 
 
 class TooFewUpdatesError(ValueError):
@@ -62,8 +71,6 @@ class AggregationConfig:
 
         Raises :class:`ValueError` whose message starts with the offending field's name.
         """
-        from fedcore.aggregation.rules import build_rule, rule_names
-
         if self.rule not in rule_names():
             raise ValueError(f"rule: unknown aggregation rule {self.rule!r}; known: {', '.join(rule_names())}")
         if not isinstance(k, int) or k < 1:
@@ -99,6 +106,61 @@ class AggregationConfig:
             except ValueError as e:
                 raise ValueError(f"{e} (rounds may close with as few as min_updates={min_updates} updates)") from None
         return self
+
+
+@dataclass(frozen=True)
+class RuleOutput:
+    step: torch.Tensor  # float32 [P], the aggregate update before noise
+    num_excluded: int = 0  # whole updates the rule left out
+    num_trimmed_per_coord: int = 0  # values per coordinate a coordinate-wise rule left out
+    selected: tuple[int, ...] | None = None  # rows kept whole (selection rules only)
+
+
+class Rule(Protocol):
+    """An aggregation rule; see the module docstring."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def streamable(self) -> bool:
+        """True when the rule can run as a running sum (memory independent of the number of updates)."""
+        ...
+
+    def check(self, n: int) -> None:
+        """Raise :class:`ValueError` naming the config field if the parameters cannot work with n updates."""
+        ...
+
+    def workspace(self, n: int, num_params: int) -> tuple[int, str]:
+        """Transient bytes the rule needs beyond its input and its [P] output, with the arithmetic."""
+        ...
+
+    def __call__(self, updates: torch.Tensor, weights: torch.Tensor) -> RuleOutput: ...
+
+
+RuleFactory = Callable[[AggregationConfig], Rule]
+# The aggregation rules by name (``aggregation.rule``); fedcore.aggregation.rules registers the built-in ones.
+RULES: Registry[RuleFactory] = Registry("aggregation rule", ValueError)
+
+
+def register_rule(name: str, factory: RuleFactory, *, summary: str = "", replace: bool = False) -> None:
+    """Make ``AggregationConfig(rule=name)`` build ``factory(config)`` (``summary``: one line for the docs)."""
+    RULES.add(name, factory, summary=summary, replace=replace)
+
+
+def unregister_rule(name: str) -> None:
+    """Undo :func:`register_rule`."""
+    RULES.remove(name)
+
+
+def rule_names() -> list[str]:
+    return RULES.names()
+
+
+def build_rule(config: AggregationConfig) -> Rule:
+    if config.rule not in RULES:
+        raise ValueError(f"rule: unknown aggregation rule {config.rule!r}; known: {', '.join(rule_names())}")
+    return RULES.get(config.rule)(config)
 
 
 @dataclass

@@ -17,12 +17,18 @@ given (the sample counts n_i when ``config.weighted``, ones otherwise); ``median
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from fedcore.aggregation.config import AggregationConfig
+from fedcore.aggregation.config import Rule as Rule  # re-exported: the protocol lives beside the registry
+from fedcore.aggregation.config import RuleOutput as RuleOutput  # re-exported
+from fedcore.aggregation.config import build_rule as build_rule  # re-exported: the registry's old home
+from fedcore.aggregation.config import register_rule as register_rule  # re-exported
+from fedcore.aggregation.config import rule_names as rule_names  # re-exported
+from fedcore.aggregation.config import unregister_rule as unregister_rule  # re-exported
 from fedcore.aggregation.order import (
     closest_to_median_mean,
     coordinate_median,
@@ -30,46 +36,12 @@ from fedcore.aggregation.order import (
     order_workspace,
     trimmed_sum,
 )
-from fedcore.registry import Registry
-
-if TYPE_CHECKING:
-    from fedcore.aggregation.config import AggregationConfig
 
 # Elements ([n, c] values) per column chunk of Krum's distance computation.
 CHUNK_ELEMS = 1 << 20
 # Upper bound on the transient bytes per chunk element there (centred copy, cdist's norms and products);
 # used by the memory check. The order-statistic rules have their own bound (order.order_workspace).
 CHUNK_BYTES_PER_ELEM = 40
-
-
-@dataclass(frozen=True)
-class RuleOutput:
-    step: torch.Tensor  # float32 [P], the aggregate update before noise
-    num_excluded: int = 0  # whole updates the rule left out
-    num_trimmed_per_coord: int = 0  # values per coordinate a coordinate-wise rule left out
-    selected: tuple[int, ...] | None = None  # rows kept whole (selection rules only)
-
-
-class Rule(Protocol):
-    """An aggregation rule; see the module docstring."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def streamable(self) -> bool:
-        """True when the rule can run as a running sum (memory independent of the number of updates)."""
-        ...
-
-    def check(self, n: int) -> None:
-        """Raise :class:`ValueError` naming the config field if the parameters cannot work with n updates."""
-        ...
-
-    def workspace(self, n: int, num_params: int) -> tuple[int, str]:
-        """Transient bytes the rule needs beyond its input and its [P] output, with the arithmetic."""
-        ...
-
-    def __call__(self, updates: torch.Tensor, weights: torch.Tensor) -> RuleOutput: ...
 
 
 def _check_input(updates: torch.Tensor, weights: torch.Tensor) -> int:
@@ -365,31 +337,7 @@ class KNorm:
         return RuleOutput(weighted_mean_rows(updates, weights, rows), num_excluded=self.k, selected=tuple(rows))
 
 
-# ---- registry ----
-
-RuleFactory = Callable[["AggregationConfig"], Rule]
-_REGISTRY: Registry[RuleFactory] = Registry("aggregation rule", ValueError)
-
-
-def register_rule(name: str, factory: RuleFactory, *, replace: bool = False) -> None:
-    """Make ``AggregationConfig(rule=name)`` build ``factory(config)``."""
-    _REGISTRY.add(name, factory, replace=replace)
-
-
-def unregister_rule(name: str) -> None:
-    """Undo :func:`register_rule`."""
-    _REGISTRY.remove(name)
-
-
-def rule_names() -> list[str]:
-    return _REGISTRY.names()
-
-
-def build_rule(config: AggregationConfig) -> Rule:
-    if config.rule not in _REGISTRY:
-        raise ValueError(f"rule: unknown aggregation rule {config.rule!r}; known: {', '.join(rule_names())}")
-    return _REGISTRY.get(config.rule)(config)
-
+# ---- registrations ----
 
 def _trimmed(c: AggregationConfig) -> Rule:
     if c.trim_m is not None:
@@ -397,10 +345,13 @@ def _trimmed(c: AggregationConfig) -> Rule:
     return TrimmedMean(trim_fraction=0.1 if c.trim_fraction is None else c.trim_fraction)
 
 
-register_rule("fedavg", lambda c: FedAvg())
-register_rule("median", lambda c: Median())
-register_rule("trimmed_mean", _trimmed)
-register_rule("krum", lambda c: Krum(f=c.krum_f))
-register_rule("multi_krum", lambda c: MultiKrum(f=c.krum_f, m=c.multi_krum_m))
-register_rule("bulyan", lambda c: Bulyan(f=c.krum_f))
-register_rule("knorm", lambda c: KNorm(k=c.knorm_k))
+register_rule("fedavg", lambda c: FedAvg(), summary="the mean of the updates, weighted by n_i (weighted) or plain")
+register_rule("median", lambda c: Median(), summary="the coordinate-wise median")
+register_rule("trimmed_mean", _trimmed, summary="the coordinate-wise mean without the trim_m (or trim_fraction) "
+              "largest and smallest values")
+register_rule("krum", lambda c: Krum(f=c.krum_f), summary="the one update closest to its n - krum_f - 2 neighbours")
+register_rule("multi_krum", lambda c: MultiKrum(f=c.krum_f, m=c.multi_krum_m),
+              summary="the mean of the multi_krum_m best-scored updates by Krum's score")
+register_rule("bulyan", lambda c: Bulyan(f=c.krum_f), summary="repeated Krum, then the coordinate-wise mean of the "
+              "values closest to the median")
+register_rule("knorm", lambda c: KNorm(k=c.knorm_k), summary="the mean without the knorm_k updates of largest norm")
