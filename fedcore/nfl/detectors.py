@@ -84,6 +84,7 @@ from typing import Any
 from fedcore.checks import check_known_fields
 from fedcore.nfl.config import ALWAYS_RECOVER, DETECT_AND_RECOVER, SHORT_TERM, NflConfig
 from fedcore.nfl.config import DETECTORS as DETECTORS  # re-exported: the registry the detectors below fill
+from fedcore.update_report import BetaHat
 
 REPORTED = "nfl.reported"
 CANCELLED = "nfl.cancelled"
@@ -96,11 +97,12 @@ class NflObservation:
     """What the server knows once round ``round`` is aggregated.
 
     ``beta_hat``: the median β̂^r of the β̂ᵢ reported by the round's clients (FL-GUARD Eq. 4), ``None`` when none
-    reported one. ``delta``: LINDT's Δ = w_div^r − ‖noise‖ (Eq. 7), ``None`` when w_div was not computed.
+    reported one (:data:`fedcore.update_report.BetaHat`, the type of each client's β̂ᵢ from its device on).
+    ``delta``: LINDT's Δ = w_div^r − ‖noise‖ (Eq. 7), ``None`` when w_div was not computed.
     """
 
     round: int
-    beta_hat: float | None = None
+    beta_hat: BetaHat = None
     delta: float | None = None
 
 

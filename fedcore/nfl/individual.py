@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.serialization import atomic_write
+from fedcore.update_report import BetaHat
 
 INDIVIDUAL_STATE_FILE = "individual_nfl.json"
 _FORMAT = "fedguard.individual_nfl"
@@ -82,11 +83,12 @@ class IndividualState:
 
 @dataclass(frozen=True)
 class Observation:
-    """What the client knows at the end of its round ``round``: its β̂ᵢ (``None`` when it has none) and whether
-    the system reported NFL for this round (the server's recovery flag in the task)."""
+    """What the client knows at the end of its round ``round``: its β̂ᵢ (:data:`~fedcore.update_report.BetaHat`,
+    ``None`` when it has none) and whether the system reported NFL for this round (the server's recovery flag in the
+    task)."""
 
     round: int
-    beta_hat: float | None
+    beta_hat: BetaHat
     system_reported: bool
 
 
