@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,10 +46,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedcore.checks import is_finite_number, is_int
-from fedcore.config import ConfigError, TrainingConfig, from_dict
+from fedcore.errors import ConfigError
 from fedcore.models.zoo import HydraModel
+from fedcore.options import from_dict
 from fedcore.seeds import RoundSeeds
 from fedcore.train import Batches, TrainResult, model_device, train_local
+from fedcore.train.loop import LossMeter, raise_if_diverged
 from fedcore.train.trainers import (
     Trainer,
     TrainerFactory,
@@ -59,6 +60,7 @@ from fedcore.train.trainers import (
     cpu_state,
     inference_state,
 )
+from fedcore.training_config import TrainingConfig
 
 FEDNTD = "fedntd"
 MOON = "moon"
@@ -252,23 +254,15 @@ def _needs_heads(model: nn.Module, cfg: HydraConfig) -> HydraModel:
 
 # ---- the round ----
 
-class _Meter:
-    """Sums of the loss components over a round, on the device (no synchronisation per step)."""
+class _Meter(LossMeter):
+    """The loss components of a round (:class:`~fedcore.train.loop.LossMeter`) and the steps the objective ran."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.sums: dict[str, torch.Tensor] = {}
+        super().__init__(device)
         self.steps = 0
 
-    def add(self, **parts: torch.Tensor) -> None:
-        for k, v in parts.items():
-            if k not in self.sums:
-                self.sums[k] = torch.zeros((), dtype=torch.float64, device=self.device)
-            self.sums[k] += v.detach().double()
-
     def metrics(self) -> dict[str, float]:
-        n = max(self.steps, 1)
-        out = {f"kd_{k}": float(v) / n for k, v in self.sums.items()}
+        out = {f"kd_{k}": self.mean(k, self.steps) for k in self.sums}
         out["kd_steps"] = float(self.steps)
         return out
 
@@ -292,8 +286,8 @@ def _kd_round(name: str, make_objective: _MakeObjective, keeps_previous: bool, m
                       batches=batches, dropout_seed=seeds.dropout,
                       objective=make_objective(model, teacher, previous, meter))
     metrics = meter.metrics()
-    if meter.steps and not all(math.isfinite(v) for v in metrics.values()):
-        raise FloatingPointError(f"{name}: a loss component became non-finite; lower the learning rate")
+    raise_if_diverged(meter.steps, *metrics.values(),
+                      message=f"{name}: a loss component became non-finite; lower the learning rate")
     kept = dict(state.kept)
     if keeps_previous:
         kept[PREVIOUS] = cpu_state(model)
