@@ -242,3 +242,24 @@ def test_fedcore_steps_an_optimiser_in_one_place_only() -> None:
              if (lines := _step_calls(p))}
     assert set(found) == {"fedcore/train/loop.py", "fedcore/distfl/extraction.py"}, found
     assert len(found["fedcore/train/loop.py"]) == 1
+
+
+def test_the_docs_example_of_a_new_objective_runs() -> None:
+    """docs/training_loop.md's example trains with train_local and its objective: same batches and masks as
+    vanilla, other weights (its loss has an extra term)."""
+    from fedcore.seeds import round_seeds
+    from fedcore.train.trainers import TrainerState
+
+    text = (ROOT / "docs" / "training_loop.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, object] = {}
+    exec(compile(code, "docs/training_loop.md", "exec"), namespace)
+    x, y = _data()
+    seeds = round_seeds(1, "c", 0)
+    model, vanilla = _net(), _net()
+    state = TrainerState()
+    res, out = namespace["train"](model, state, x, y, CFG, seeds, recovery=False)  # type: ignore[operator]
+    ref = train_local(vanilla, x, y, CFG, seed=seeds.batches, dropout_seed=seeds.dropout)
+    assert out is state and res.steps == ref.steps and res.num_samples == ref.num_samples
+    assert math.isfinite(res.loss) and res.loss != ref.loss
+    assert not torch.equal(next(model.parameters()), next(vanilla.parameters()))
