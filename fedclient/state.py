@@ -36,8 +36,9 @@ from typing import Any
 
 import torch
 
+from fedcore.metrics import PRIVATE_MODEL_FILE, load_private_model
 from fedcore.nfl.individual import INDIVIDUAL_STATE_FILE, IndividualState, load_individual_state
-from fedcore.serialization import SerializationError, atomic_write, fingerprint, load_state, manifest_of
+from fedcore.serialization import SerializationError, atomic_write, fingerprint, manifest_of
 from fedcore.train.trainers import TRAINER_STATE_FILE, TrainerState, load_trainer_state, save_trainer_state
 
 STATE_FILE = "client_state.json"
@@ -46,7 +47,7 @@ VERSION = 1
 
 # The old layout's files that the state file replaces (the trainer state keeps its file).
 LEGACY_ID_FILE = "client.json"
-LEGACY_PRIVATE_MODEL_FILE = "private_model.fgt"
+LEGACY_PRIVATE_MODEL_FILE = PRIVATE_MODEL_FILE
 LEGACY_FILES = (LEGACY_ID_FILE, LEGACY_PRIVATE_MODEL_FILE, INDIVIDUAL_STATE_FILE)
 
 
@@ -178,16 +179,12 @@ def read_legacy(state_dir: Path) -> ClientStateDoc:
             raise ClientStateError(f"{id_path}: unreadable client identity ({e}); {_ways_on(id_path)}") from None
         doc = dataclasses.replace(doc, client_id=cid)
     private_path = state_dir / LEGACY_PRIVATE_MODEL_FILE
-    if private_path.exists():
-        try:
-            tensors, extra = load_state(private_path)
-            acc, epochs = extra.get("accuracy"), extra.get("epochs", 0)
-            if isinstance(acc, bool) or not isinstance(acc, (int, float)) or not isinstance(epochs, int):
-                raise ValueError("no private-model accuracy recorded")
-        except (OSError, ValueError, SerializationError) as e:
-            raise ClientStateError(f"{private_path}: unreadable private model ({e}); "
-                                   f"{_ways_on(private_path)}") from None
-        doc = dataclasses.replace(doc, private_model=PrivateModelRecord(_fingerprint(tensors), float(acc), epochs))
+    try:
+        private = load_private_model(state_dir)
+    except (OSError, ValueError, SerializationError) as e:
+        raise ClientStateError(f"{private_path}: unreadable private model ({e}); {_ways_on(private_path)}") from None
+    if private is not None:  # the old file did not say how many epochs (0: unknown)
+        doc = dataclasses.replace(doc, private_model=PrivateModelRecord(_fingerprint(private[0]), private[1]))
     if (state_dir / INDIVIDUAL_STATE_FILE).exists():
         try:
             doc = dataclasses.replace(doc, individual=load_individual_state(state_dir))

@@ -95,7 +95,7 @@ def test_the_old_layout_is_migrated_and_only_then_removed(tmp_path: Path) -> Non
     assert state.client_id() == "client-0123456789ab"
     assert state.individual() == IndividualState(negative_count=2, adapting=True, started_round=4, last_round=5)
     assert state.private_accuracy(fingerprint(manifest_of(_model_state()))) == 0.8125
-    assert state.doc.private_model is not None and state.doc.private_model.epochs == 3
+    assert state.doc.private_model is not None and state.doc.private_model.epochs == 0  # the old file: unknown
     loaded = state.load_trainer_state()
     assert loaded is not None and loaded.active and loaded.adapted is not None
     assert torch.equal(loaded.adapted["w"], _model_state()["w"])
