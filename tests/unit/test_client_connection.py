@@ -1,0 +1,114 @@
+"""The client's connection (fedclient.connection) without a server: retries, refusals, stops, heartbeats."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import grpc
+import pytest
+
+from fedclient.connection import Connection
+from fedclient.errors import FedClientError, FedClientRefused, SessionLost, Stopped
+from fedcore.config import ClientConfig
+from fedcore.log import get_logger
+
+
+class RpcError(grpc.RpcError):  # type: ignore[misc]  # grpc is untyped
+    def __init__(self, code: grpc.StatusCode, details: str = "") -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def _conn(**cfg: Any) -> tuple[Connection, list[float]]:
+    retries: list[float] = []
+    conn = Connection(ClientConfig(insecure=True, **cfg), "c0", get_logger("test"), threading.Event(),
+                      on_retry=lambda: retries.append(1.0))
+    slept: list[float] = []
+    conn.sleep = slept.append  # type: ignore[method-assign,assignment]
+    return conn, slept
+
+
+def _failing(*errors: grpc.RpcError) -> Any:
+    left = list(errors)
+
+    def fn() -> str:
+        if left:
+            raise left.pop(0)
+        return "ok"
+
+    return fn
+
+
+def test_transient_errors_are_retried_with_backoff_and_counted() -> None:
+    conn, slept = _conn(backoff_initial_s=0.5, backoff_max_s=1.0)
+    fn = _failing(RpcError(grpc.StatusCode.UNAVAILABLE, "Connection refused"),
+                  RpcError(grpc.StatusCode.DEADLINE_EXCEEDED), RpcError(grpc.StatusCode.UNAVAILABLE))
+    assert conn.retrying("pull", fn) == "ok"
+    assert len(slept) == 3 and 0 <= slept[0] <= 0.5 and all(0 <= s <= 1.0 for s in slept)
+
+
+def test_a_lost_session_a_refusal_and_a_non_retryable_error() -> None:
+    conn, _ = _conn()
+    with pytest.raises(SessionLost):
+        conn.retrying("pull", _failing(RpcError(grpc.StatusCode.UNAUTHENTICATED, "unknown session")))
+    with pytest.raises(FedClientRefused, match="bad token"):
+        conn.retrying("join", _failing(RpcError(grpc.StatusCode.UNAUTHENTICATED, "bad join token")))
+    with pytest.raises(FedClientRefused, match="unknown CA"):
+        conn.retrying("join", _failing(RpcError(grpc.StatusCode.UNAVAILABLE,
+                                                "unable to get local issuer certificate")))
+    with pytest.raises(RpcError):
+        conn.retrying("push", _failing(RpcError(grpc.StatusCode.INVALID_ARGUMENT, "bad tensor")))
+
+
+def test_a_server_unreachable_too_long_is_given_up() -> None:
+    conn, slept = _conn(give_up_after_s=1e-6)
+    fn = _failing(*[RpcError(grpc.StatusCode.UNAVAILABLE, "Connection refused")] * 5)
+    with pytest.raises(FedClientError, match=r"unreachable for 0 s \(pull: .*UNAVAILABLE: Connection refused\)"):
+        conn.retrying("pull", fn)
+    assert 1 <= len(slept) < 5  # the first failure starts the clock; given up before the calls ran out
+
+
+def test_a_stop_ends_the_retries() -> None:
+    conn, _ = _conn()
+    conn.stop_event.set()
+    with pytest.raises(Stopped):
+        conn.retrying("pull", _failing())
+
+
+def test_keep_alive_is_reentrant_one_heartbeat_thread() -> None:
+    conn, _ = _conn()
+    before = threading.active_count()
+    with conn.keep_alive():
+        assert threading.active_count() == before + 1
+        with conn.keep_alive():
+            assert threading.active_count() == before + 1
+    conn.set_heartbeat_interval(float("nan"))
+    assert conn.heartbeat_s == 5.0
+    conn.set_heartbeat_interval(0.01)
+    assert conn.heartbeat_s == 0.1
+    conn.set_heartbeat_interval(1e9)
+    assert conn.heartbeat_s == 600.0
+
+
+def test_the_inflight_call_is_the_one_cancelled() -> None:
+    conn, _ = _conn()
+
+    class Call:
+        cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    call = Call()
+    with conn.inflight(call):
+        conn.cancel_inflight()
+    assert call.cancelled
+    after = Call()
+    conn.cancel_inflight()  # nothing in flight: nothing cancelled
+    assert not after.cancelled
