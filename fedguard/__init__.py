@@ -1,4 +1,6 @@
-"""fedguard: the wire contract lives in ``fedguard.v1`` (generated from ``protos/``, do not edit by hand).
+"""fedguard: the wire contract, below both shells. ``fedguard.v1`` is generated from ``protos/`` (do not edit by hand),
+``fedguard.wire`` translates its messages to fedcore's types, ``fedguard.signing`` and ``fedguard.certs`` sign
+requests and make certificates. The launcher and the run tools (status, export, plot) are :mod:`fedlaunch`.
 
 ``fedguard.load_model(run_dir, cluster=None)`` returns a finished run's model as an ``nn.Module``
 (:func:`fedcore.outputs.load_model`; imported on first use, so ``import fedguard`` stays torch-free).

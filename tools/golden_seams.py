@@ -6,7 +6,7 @@ Captured once on the commit before the refactor (``capture``) and checked after 
   three rounds on a seeded task, recovery off in round 1 and on after: the sha256 of the trained model, of the
   trainer state (adapted/personal model, kept models, scalars, metrics), of the inference weights and of the
   inference module's logits, and the exact train loss/steps/samples.
-- ``federation``: small federations through the launcher on loopback (``python -m fedguard.launch``: one per
+- ``federation``: small federations through the launcher on loopback (``python -m fedlaunch``: one per
   recovery method, one with attackers under a robust rule, one DistFL run): the final model's sha256 and every
   ``rounds.jsonl`` value except timings, plus the per-round β̂ written out.
 - ``demo``: ``tools/demo.sh``'s federation (40 clients, 40 rounds): final model sha256, per-round β̂ and the rows.
@@ -247,7 +247,8 @@ def _run_fingerprint(run_dir: Path) -> dict[str, Any]:
 
 
 def _launch(args: list[str], run_dir: Path, log: Path) -> None:
-    cmd = [sys.executable, "-m", "fedguard.launch", *args, "--run-dir", str(run_dir)]
+    launcher = "fedlaunch" if (ROOT / "fedlaunch").is_dir() else "fedguard.launch"  # its module before issue 27
+    cmd = [sys.executable, "-m", launcher, *args, "--run-dir", str(run_dir)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with log.open("w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False).returncode

@@ -26,7 +26,7 @@ from fedcore import __version__
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("fedcore", "fedserver", "fedclient", "fedguard")
+PACKAGES = ("fedcore", "fedserver", "fedclient", "fedguard", "fedlaunch")
 CLIS = ("fedserver", "fedclient", "fedguard-certs", "fedguard-launch")
 
 
@@ -57,7 +57,7 @@ def test_wheel_carries_version_license_types_and_generated_code(wheel: Path) -> 
     names = set(zipfile.ZipFile(wheel).namelist())
     dist_info = f"fedguard-{__version__}.dist-info"
     assert f"{dist_info}/licenses/LICENSE" in names
-    for pkg in ("fedcore", "fedserver", "fedclient"):
+    for pkg in ("fedcore", "fedserver", "fedclient", "fedlaunch"):
         assert f"{pkg}/py.typed" in names
     assert "fedguard/v1/fedguard_pb2.py" in names and "fedguard/v1/fedguard_pb2.pyi" in names
     assert not any(n.startswith(("tests/", "tools/")) for n in names)
@@ -82,8 +82,9 @@ def test_wheel_installs_in_a_clean_venv_where_every_cli_runs(wheel: Path, tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    where = subprocess.run([str(py), "-c", "import json, fedcore, fedserver, fedclient, fedguard, fedguard.v1; "
-                            "print(json.dumps([m.__file__ for m in (fedcore, fedserver, fedclient, fedguard)]))"],
+    where = subprocess.run([str(py), "-c", "import json, fedcore, fedserver, fedclient, fedguard, fedguard.v1, "
+                            "fedlaunch; print(json.dumps([m.__file__ for m in (fedcore, fedserver, fedclient, "
+                            "fedguard, fedlaunch)]))"],
                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
     assert where.returncode == 0, where.stderr
     for file in json.loads(where.stdout):
