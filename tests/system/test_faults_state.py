@@ -192,12 +192,15 @@ def test_a_truncated_model_file_stops_the_server_and_fall_back_quarantines_it(ru
 def test_a_second_server_on_the_same_run_dir_exits_at_once_naming_the_first(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     port = _port()
-    first = _server(run_dir, port, "--set", "rounds.sampling_timeout_s=60")
+    first_log = tmp_path / "first.log"
+    first = _server(run_dir, port, "--set", "rounds.sampling_timeout_s=60", log=first_log)
     try:
         deadline = time.monotonic() + 60
-        while not (run_dir / "server.lock").exists() or f":{port}" not in (run_dir / "server.lock").read_text():
+        # Listening: the new federation's files are all written (the lock names the address before they are).
+        while not first_log.exists() or '"server.listening"' not in first_log.read_text():
             assert first.poll() is None and time.monotonic() < deadline, "the first server did not start"
             time.sleep(0.05)
+        assert f":{port}" in (run_dir / "server.lock").read_text()
         before = _tree(run_dir)
         rc, err, seconds = _refused(run_dir)
         line = _one_message(err)
