@@ -66,8 +66,6 @@ from fedserver.uploads import UploadGate
 
 __all__ = ["Coordinator", "JoinResult", "ProtocolError", "Task", "UpdateTicket", "WaitInfo", "evaluation_device"]
 
-Subscriber = RoundSubscriber
-
 
 def evaluation_device(config: ServerConfig) -> torch.device:
     """The device of the server's central evaluation; :class:`ConfigError` when this machine lacks it."""
@@ -78,7 +76,8 @@ def evaluation_device(config: ServerConfig) -> torch.device:
 
 
 class Coordinator:
-    """``opener`` opens the run directory's state store (a test passes one that fails on cue, tests/faults.py)."""
+    """The round machine's state and the wiring of the parts around it (module docstring). ``opener`` opens the
+    run directory's state store (the crash tests pass one that dies on cue, tests/crash_server.py)."""
 
     def __init__(self, config: ServerConfig, clock: Callable[[], float] = time.monotonic,
                  opener: StoreOpener = open_store) -> None:
@@ -148,7 +147,7 @@ class Coordinator:
     def global_state(self) -> Mapping[str, torch.Tensor]:
         return self.models.get()
 
-    def subscribe(self, fn: Subscriber) -> None:
+    def subscribe(self, fn: RoundSubscriber) -> None:
         """Call ``fn`` with every completed round's report, after the round was persisted."""
         self.closer.subscribe(fn)
 

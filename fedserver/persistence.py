@@ -54,7 +54,7 @@ IDENTITY = ("model", "data", "training", "aggregation", "rounds.seed", "rounds.c
 
 Slot = tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], None]]
 # Opens the state store of a run directory (``<run_dir>/state``): the seam where the fault tests put a store
-# that dies at a chosen point of a save (tests/faults.py); production uses :func:`open_store`.
+# that dies at a chosen point of a save (tests/crash_server.py); production uses :func:`open_store`.
 StoreOpener = Callable[[Path, PersistenceConfig], StateStore]
 
 

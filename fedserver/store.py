@@ -179,7 +179,7 @@ class StateStore:
         self.keep = keep
         self.fsync = fsync
         # Called with a save's model files once they are in place, before the transaction that commits them: the
-        # seam where the fault tests kill the process between the two (tests/faults.py); None in production.
+        # seam where the fault tests kill the process between the two (tests/crash_server.py); None in production.
         self._after_files_written = after_files_written
         self.db_path = self.directory / DB_NAME
         self.models_dir = self.directory / MODELS_DIR
