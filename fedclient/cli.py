@@ -21,9 +21,9 @@ from types import FrameType
 
 # Only what the parser needs is imported here: ``fedclient --help`` answers without importing torch.
 from fedcore.about import VersionAction
-from fedcore.names import ATTACKS, DATASETS, TRAINERS, one_of
+from fedcore.names import ATTACKS, DATASETS, described, one_of
 
-# fedcore.attacks.poisoning.KINDS, from the torch-free fedcore.names (a test holds them equal).
+# The attack registry's names (fedcore.attacks.poisoning.ATTACKS), from the torch-free fedcore.names.
 ATTACK_KINDS = ATTACKS
 
 _FLAGS = {
@@ -40,8 +40,8 @@ _FLAGS = {
                      "options only)"),
     "state_dir": (str, "directory that keeps the client's identity across restarts"),
     "data_index": (int, "shard index of the server's dataset (simulation)"),
-    "trainer": (str, f"this client's own trainer: {one_of(TRAINERS)} (default: the method the server announces, "
-                     "[recovery] method; noop returns the model at once: benchmarks)"),
+    "trainer": (str, "this client's own trainer (default: the method the server announces, [recovery] method): "
+                     f"{described('TRAINERS')}"),
     "straggler": (str, "simulation: straggler delay 'fixed' (default) or 'lognormal'"),
     "straggler_delay": (float, "simulation: extra seconds before each upload (lognormal: the median)"),
     "straggler_sigma": (float, "simulation: log-space standard deviation of a lognormal straggler delay"),
@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument("--" + flag.replace("_", "-"), dest=flag, type=tp, help=help_)
     ap.add_argument("--model", help="model name or pkg.mod:factory (default: what the server announces)")
     ap.add_argument("--attack", choices=list(ATTACK_KINDS),
-                    help="simulation only: play a data-poisoning (label_flip, backdoor) or model-poisoning "
-                         "(model_replacement, stat_opt, dyn_opt) attacker (options: --set attack.KEY=VALUE)")
+                    help="simulation only: play an attacker (options: --set attack.KEY=VALUE): "
+                         f"{described('ATTACKS')}")
     ap.add_argument("--opt-out", action="store_true", default=None,
                     help="a vanilla holdout: never adapt, infer with the received model, still report beta_hat_i")
     ap.add_argument("--availability", metavar="JSON",

@@ -29,7 +29,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from fedcore.about import VersionAction
-from fedcore.names import DATASETS, DETECTORS, MODELS, NFL_MODES, RULES, TRAINERS, one_of
+from fedcore.names import DATASETS, MODELS, NFL_MODES, RULES, described, one_of
 from fedserver.errors import EXIT_CONFIG, EXIT_STALLED, EXIT_STOPPED
 
 # Only what the parser needs is imported here: ``fedserver --help`` answers without importing torch.
@@ -70,16 +70,14 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "lr": ("training.learning_rate", float, "client learning rate"),
     "rule": ("aggregation.rule", str, f"aggregation rule: {one_of(RULES)} (default fedavg)"),
     "nfl_mode": ("nfl.mode", str, f"{one_of(NFL_MODES)} (default {NFL_MODES[0]})"),
-    "detector": ("nfl.detector", str, f"NFL detector: {one_of(DETECTORS)} (beta_hat_plateau: FL-GUARD's rule "
-                                      "counting once beta_hat stopped rising, default; beta_hat: FL-GUARD as "
-                                      "published; delta: LINDT)"),
+    "detector": ("nfl.detector", str, f"NFL detector: {described('DETECTORS')}"),
     "nr": ("nfl.nr", int, "beta_hat: report NFL after more than NR negative rounds"),
     "c": ("nfl.c", int, "beta_hat: average the last c round medians; cancel after c non-negative rounds"),
     "epsilon": ("nfl.epsilon", float, "delta: the threshold epsilon on delta"),
     "r_prime": ("nfl.r_prime", int, "delta: report NFL after more than r' rounds with delta > epsilon"),
     "recovery": ("nfl.recovery", str, "long-term (never stops) or short-term (stops at the cancel)"),
-    "recovery_method": ("recovery.method", str, f"the clients' recovery method (a trainer): {one_of(TRAINERS)} "
-                                               "(default flguard; vanilla: none)"),
+    "recovery_method": ("recovery.method", str, f"the clients' recovery method, a trainer (default flguard): "
+                                               f"{described('TRAINERS')}"),
 }
 
 

@@ -13,10 +13,12 @@ from fedcore.attacks.model_poisoning import (
     stat_opt,
 )
 from fedcore.attacks.poisoning import (
+    ATTACKS,
     DISTFL_FLIP_PAIRS,
     LINDT_BACKDOOR_PAIRS,
     AttackConfig,
     AttackError,
+    AttackKind,
     BackdoorBatches,
     attacker_local_epochs,
     backdoor_batches,
@@ -30,11 +32,13 @@ from fedcore.attacks.poisoning import (
 )
 
 __all__ = [
+    "ATTACKS",
     "DISTFL_FLIP_PAIRS",
     "LINDT_BACKDOOR_PAIRS",
     "MODEL_KINDS",
     "AttackConfig",
     "AttackError",
+    "AttackKind",
     "BackdoorBatches",
     "PoisonedUpdate",
     "UpdateContext",

@@ -24,10 +24,11 @@ import torch
 
 from fedcore.aggregation.rules import Rule, TrimmedMean
 from fedcore.attacks.model_poisoning import craft_rows
-from fedcore.attacks.poisoning import AttackConfig
+from fedcore.attacks.poisoning import ATTACKS, AttackConfig
 from fedcore.seeds import derive_seed
 
-HARNESS_KINDS = ("stat_opt", "dyn_opt")
+# The attack kinds that craft rows from benign statistics (registered with a ``craft``): what the harness can run.
+HARNESS_KINDS = tuple(name for name in ATTACKS.names() if ATTACKS.get(name).craft is not None)
 
 
 @dataclass
@@ -89,6 +90,5 @@ def full_knowledge_rows(rows: torch.Tensor, keys: Sequence[str], attackers: set[
         return None
     benign = rows.index_select(0, torch.tensor(benign_idx, dtype=torch.long))
     g = torch.Generator().manual_seed(int(seed))
-    crafted = craft_rows(attack.kind, benign, len(positions), rule, g, knowledge="full", b=attack.stat_b,
-                         dev_type=attack.dev_type, gamma_init=attack.gamma_init, tol=attack.gamma_tol)
+    crafted = craft_rows(attack, benign, len(positions), rule, g, knowledge="full")
     return HarnessRows(positions, crafted.rows, crafted.gamma)

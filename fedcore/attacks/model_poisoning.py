@@ -35,18 +35,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from fedcore.aggregation import AggregationConfig
 from fedcore.aggregation.rules import Rule, build_rule
+from fedcore.attacks.poisoning import ATTACKS, AttackConfig, AttackKind
+from fedcore.attacks.poisoning import Crafted as Crafted  # re-exported: the records moved beside AttackKind
+from fedcore.attacks.poisoning import PoisonedUpdate as PoisonedUpdate  # re-exported
+from fedcore.attacks.poisoning import UpdateContext as UpdateContext  # re-exported
 from fedcore.seeds import derive_seed
 
-if TYPE_CHECKING:
-    from fedcore.attacks.poisoning import AttackConfig
-
-MODEL_KINDS = ("model_replacement", "stat_opt", "dyn_opt")
 KNOWLEDGE = ("partial", "full")
 DEV_TYPES = ("std", "sign", "unit")
 # Rules that keep whole rows: Dyn-Opt's γ is accepted when a malicious row is kept.
@@ -184,22 +183,26 @@ def assumed_rule(rule: str, f: int) -> Rule:
 
 # ---- one entry point for both knowledge modes ----
 
-@dataclass(frozen=True)
-class Crafted:
-    rows: torch.Tensor  # [num_mal, P]
-    gamma: float = math.nan  # Dyn-Opt's γ
+def craft_rows(attack: AttackConfig, benign: torch.Tensor, num_mal: int, rule: Rule, generator: torch.Generator, *,
+               knowledge: str) -> Crafted:
+    """``num_mal`` malicious rows of ``attack.kind`` (one that crafts: stat_opt, dyn_opt) from the benign rows (true
+    or estimated), with the attack's options."""
+    craft = attack.kind_.craft
+    if craft is None:
+        crafting = ", ".join(n for n in ATTACKS.names() if ATTACKS.get(n).craft is not None)
+        raise ValueError(f"attack.kind: {attack.kind!r} does not craft from benign statistics ({crafting} do)")
+    return craft(attack, benign, num_mal, rule, generator, knowledge)
 
 
-def craft_rows(kind: str, benign: torch.Tensor, num_mal: int, rule: Rule, generator: torch.Generator, *,
-               knowledge: str, b: float = 2.0, dev_type: str = "std", gamma_init: float = 10.0,
-               tol: float = 1e-5) -> Crafted:
-    """``num_mal`` malicious rows of ``kind`` (stat_opt or dyn_opt) from the benign rows (true or estimated)."""
-    if kind == "stat_opt":
-        return Crafted(stat_opt(benign, num_mal, generator, b=b, knowledge=knowledge))
-    if kind == "dyn_opt":
-        res = dyn_opt(benign, num_mal, rule, dev_type=dev_type, gamma_init=gamma_init, tol=tol)
-        return Crafted(res.update.unsqueeze(0).expand(num_mal, -1).clone(), res.gamma)
-    raise ValueError(f"attack.kind: {kind!r} does not craft from benign statistics (stat_opt, dyn_opt do)")
+def _stat_opt_rows(attack: AttackConfig, benign: torch.Tensor, num_mal: int, rule: Rule,
+                   generator: torch.Generator, knowledge: str) -> Crafted:
+    return Crafted(stat_opt(benign, num_mal, generator, b=attack.stat_b, knowledge=knowledge))
+
+
+def _dyn_opt_rows(attack: AttackConfig, benign: torch.Tensor, num_mal: int, rule: Rule,
+                  generator: torch.Generator, knowledge: str) -> Crafted:
+    res = dyn_opt(benign, num_mal, rule, dev_type=attack.dev_type, gamma_init=attack.gamma_init, tol=attack.gamma_tol)
+    return Crafted(res.update.unsqueeze(0).expand(num_mal, -1).clone(), res.gamma)
 
 
 # ---- the client's update hook (partial knowledge) ----
@@ -240,46 +243,30 @@ def shard_indices(n: int, shards: int, seed: int) -> list[torch.Tensor]:
     return [p for p in torch.tensor_split(perm, min(shards, n)) if len(p)]
 
 
-@dataclass(frozen=True)
-class UpdateContext:
-    """What the update hook sees of a client's round.
-
-    ``received``/``trained``: the model the client was handed and the one its (possibly data-poisoned) training
-    produced; ``honest_update(idx)``: the update of an honest training run from ``received`` on the client's
-    clean training samples ``idx`` (partial knowledge); ``num_train``: the client's clean training samples;
-    ``seed``: the round's attack seed."""
-
-    received: Mapping[str, torch.Tensor]
-    trained: Mapping[str, torch.Tensor]
-    honest_update: Callable[[torch.Tensor], torch.Tensor]
-    num_train: int
-    seed: int
-
-
-@dataclass(frozen=True)
-class PoisonedUpdate:
-    weights: dict[str, torch.Tensor]
-    metrics: dict[str, float]
-
-
 def poison_update(attack: AttackConfig, ctx: UpdateContext) -> PoisonedUpdate | None:
     """The client's update hook: the weights to send instead of ``ctx.trained``, or ``None`` to send it as is
     (no model attack, or full knowledge: the server-side harness crafts the row)."""
-    if attack.kind not in MODEL_KINDS or attack.knowledge == "full":
+    poison = attack.kind_.poison
+    if poison is None or attack.knowledge == "full":
         return None
-    u = flat_update(ctx.trained, ctx.received)
-    if attack.kind == "model_replacement":
-        mal = model_replacement(u, attack.boost)
-        return PoisonedUpdate(weights_from_update(ctx.received, mal), {"attack_boost": attack.boost})
+    return poison(attack, ctx)
+
+
+def _replace_model(attack: AttackConfig, ctx: UpdateContext) -> PoisonedUpdate:
+    """Model replacement: the trained (label-flipped) update, boosted."""
+    mal = model_replacement(flat_update(ctx.trained, ctx.received), attack.boost)
+    return PoisonedUpdate(weights_from_update(ctx.received, mal), {"attack_boost": attack.boost})
+
+
+def _craft_from_own_shards(attack: AttackConfig, ctx: UpdateContext) -> PoisonedUpdate:
+    """Partial knowledge: honest updates on shards of the attacker's own data stand in for the benign rows."""
     parts = shard_indices(ctx.num_train, attack.estimate_shards, derive_seed(ctx.seed, "attack_shards"))
     if len(parts) < 2:
         raise ValueError(f"attack.estimate_shards: partial knowledge needs at least 2 training samples to "
                          f"estimate benign statistics, the client has {ctx.num_train}")
     benign = torch.stack([ctx.honest_update(idx) for idx in parts])
     g = torch.Generator().manual_seed(derive_seed(ctx.seed, "attack_sample"))
-    crafted = craft_rows(attack.kind, benign, attack.assumed_attackers, attack_rule(attack), g,
-                         knowledge="partial", b=attack.stat_b, dev_type=attack.dev_type,
-                         gamma_init=attack.gamma_init, tol=attack.gamma_tol)
+    crafted = craft_rows(attack, benign, attack.assumed_attackers, attack_rule(attack), g, knowledge="partial")
     metrics = {"attack_estimate_shards": float(len(parts))}
     if math.isfinite(crafted.gamma):
         metrics["attack_gamma"] = crafted.gamma
@@ -317,6 +304,15 @@ def check_model_attack(a: AttackConfig, prefix: str = "attack.") -> None:
     except ValueError as e:
         raise ValueError(f"{prefix}assumed_rule: {e}") from None
 
+
+ATTACKS.add("model_replacement", AttackKind(flips_labels=True, poison=_replace_model, check=check_model_attack),
+            summary="sends its update trained on flipped labels, boosted by attack.boost")
+ATTACKS.add("stat_opt", AttackKind(poison=_craft_from_own_shards, craft=_stat_opt_rows, check=check_model_attack),
+            summary="Stat-Opt (Fang et al.): coordinates beyond the benign extremes, against the benign mean's sign")
+ATTACKS.add("dyn_opt", AttackKind(poison=_craft_from_own_shards, craft=_dyn_opt_rows, check=check_model_attack),
+            summary="Dyn-Opt (Shejwalkar & Houmansadr): μ − γ·dev with the largest γ the assumed rule accepts")
+# The kinds registered above: the attacker crafts the update it sends.
+MODEL_KINDS = tuple(name for name in ATTACKS.names() if ATTACKS.get(name).poisons_model)
 
 __all__: Sequence[str] = (
     "DEV_TYPES",

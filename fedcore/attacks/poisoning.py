@@ -20,22 +20,26 @@ every training batch of ``batch_size`` holds ``poison_per_batch`` backdoor sampl
 with their true labels for the rest. Source-class samples are left out of the clean stream so that the model
 is not taught both labels of the same images. Attackers train ``local_epochs_override`` epochs (LINDT: 5,
 benign clients 1); :func:`attacker_local_epochs` applies it.
+
+Attack kinds plug in by name (:data:`ATTACKS`, ``attack.kind``): each registers an :class:`AttackKind` saying
+what it does to an attacker's round (the labels or batches it trains on, the update it sends, its option checks).
+This module registers the data-poisoning kinds, :mod:`fedcore.attacks.model_poisoning` (imported with the
+package) the model-poisoning ones; nothing here imports that module, so no import circle forms.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from fedcore.aggregation.config import Rule
 from fedcore.data.base import ClientData
+from fedcore.registry import Registry
 from fedcore.seeds import ATTACK_EPOCH, derive_seed
 
-DATA_KINDS = ("none", "label_flip", "backdoor")
-# Model poisoning (fedcore.attacks.model_poisoning): the attacker crafts the update it sends.
-KINDS = (*DATA_KINDS, "model_replacement", "stat_opt", "dyn_opt")
 FLIPS = ("reverse", "swap", "directed", "all")
 # DistFL §5.5: labels 0-3 and 4-7 flipped mutually.
 DISTFL_FLIP_PAIRS: tuple[tuple[int, int], ...] = ((0, 4), (1, 5), (2, 6), (3, 7))
@@ -45,6 +49,68 @@ LINDT_BACKDOOR_PAIRS: tuple[tuple[int, int], ...] = ((4, 7), (5, 6))
 
 class AttackError(ValueError):
     """An attack configuration that cannot be applied; the message names the field."""
+
+
+# ---- attack kinds: what each does to an attacker's round ----
+
+@dataclass(frozen=True)
+class UpdateContext:
+    """What the update hook sees of a client's round.
+
+    ``received``/``trained``: the model the client was handed and the one its (possibly data-poisoned) training
+    produced; ``honest_update(idx)``: the update of an honest training run from ``received`` on the client's
+    clean training samples ``idx`` (partial knowledge); ``num_train``: the client's clean training samples;
+    ``seed``: the round's attack seed."""
+
+    received: Mapping[str, torch.Tensor]
+    trained: Mapping[str, torch.Tensor]
+    honest_update: Callable[[torch.Tensor], torch.Tensor]
+    num_train: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class PoisonedUpdate:
+    weights: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Crafted:
+    rows: torch.Tensor  # [num_mal, P]
+    gamma: float = math.nan  # Dyn-Opt's γ
+
+
+# Crafts num_mal malicious rows from benign ones against a rule: (attack, benign, num_mal, rule, generator,
+# knowledge) -> Crafted.
+Craft = Callable[["AttackConfig", torch.Tensor, int, Rule, torch.Generator, str], Crafted]
+
+
+@dataclass(frozen=True)
+class AttackKind:
+    """What one attack kind does to an attacker's round; registered in :data:`ATTACKS` under its ``attack.kind``."""
+
+    # Trains on labels flipped by ``flip`` (label_flip; model_replacement trains its malicious model on them).
+    flips_labels: bool = False
+    # Trains on backdoor batches: ``poison_per_batch`` backdoor samples in every batch of ``batch_size``.
+    backdoor: bool = False
+    # The client's update hook: the weights it sends instead of the trained ones (model poisoning), or None.
+    poison: Callable[[AttackConfig, UpdateContext], PoisonedUpdate | None] | None = None
+    # Crafts malicious rows from benign statistics (stat_opt, dyn_opt; also the server-side harness's rows).
+    craft: Craft | None = None
+    # Refuses impossible options of this kind (ValueError whose message starts with the field).
+    check: Callable[[AttackConfig], None] | None = None
+
+    @property
+    def poisons_model(self) -> bool:
+        return self.poison is not None
+
+
+ATTACKS: Registry[AttackKind] = Registry("attack", AttackError)
+ATTACKS.add("none", AttackKind(), summary="no attack (fake_beta_hat alone may fabricate the reported β̂)")
+ATTACKS.add("label_flip", AttackKind(flips_labels=True), summary="trains on labels flipped by attack.flip")
+ATTACKS.add("backdoor", AttackKind(backdoor=True),
+            summary="trains on batches holding attack.poison_per_batch relabelled source-class samples")
 
 
 @dataclass(frozen=True)
@@ -89,23 +155,22 @@ class AttackConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pairs", tuple((int(a), int(b)) for a, b in self.pairs))
-        if self.kind not in KINDS:
-            raise AttackError(f"attack.kind: one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.kind not in ATTACKS:
+            raise AttackError(f"attack.kind: one of {', '.join(ATTACKS.names())}, got {self.kind!r}")
         if self.flip not in FLIPS:
             raise AttackError(f"attack.flip: one of {', '.join(FLIPS)}, got {self.flip!r}")
         if not (math.isnan(self.fake_beta_hat) or -1.0 <= self.fake_beta_hat <= 1.0):
             raise AttackError(f"attack.fake_beta_hat: must be in [-1, 1] (or nan: no fabrication), "
                               f"got {self.fake_beta_hat}")
-        if self.kind in ("model_replacement", "stat_opt", "dyn_opt"):
-            from fedcore.attacks.model_poisoning import check_model_attack
-
+        check = self.kind_.check
+        if check is not None:
             try:
-                check_model_attack(self)
+                check(self)
             except ValueError as e:
                 raise AttackError(str(e)) from None
         if self.local_epochs_override < 0:
             raise AttackError(f"attack.local_epochs_override: must be >= 0, got {self.local_epochs_override}")
-        if self.kind == "backdoor" and not 0 < self.poison_per_batch < self.batch_size:
+        if self.kind_.backdoor and not 0 < self.poison_per_batch < self.batch_size:
             raise AttackError(f"attack.poison_per_batch: must be in [1, batch_size={self.batch_size}), "
                               f"got {self.poison_per_batch}")
         if self.flips_labels and self.flip in ("swap", "directed") and not self.pairs:
@@ -120,6 +185,11 @@ class AttackConfig:
                 raise AttackError(f"attack.pairs: a source class appears twice in {list(self.pairs)}")
 
     @property
+    def kind_(self) -> AttackKind:
+        """The registered :class:`AttackKind` of ``kind``."""
+        return ATTACKS.get(self.kind)
+
+    @property
     def active(self) -> bool:
         return self.kind != "none" or self.fabricates_beta_hat
 
@@ -127,12 +197,12 @@ class AttackConfig:
     def flips_labels(self) -> bool:
         """Whether the attacker trains on flipped labels: label flipping, and model replacement (whose malicious
         model is trained on them before it is boosted)."""
-        return self.kind in ("label_flip", "model_replacement")
+        return self.kind_.flips_labels
 
     @property
     def poisons_model(self) -> bool:
         """A model-poisoning attack: the sent update is crafted (fedcore.attacks.model_poisoning)."""
-        return self.kind in ("model_replacement", "stat_opt", "dyn_opt")
+        return self.kind_.poisons_model
 
     @property
     def fabricates_beta_hat(self) -> bool:
@@ -170,9 +240,9 @@ def label_mapping(config: AttackConfig, num_classes: int) -> torch.Tensor:
     For ``backdoor`` it is the backdoor's source -> target map (what ASR measures).
     """
     lut = torch.arange(num_classes, dtype=torch.int64)
-    if not (config.flips_labels or config.kind == "backdoor"):
+    if not (config.flips_labels or config.kind_.backdoor):
         return lut
-    if config.kind == "backdoor":
+    if config.kind_.backdoor:
         _check_classes([c for p in config.backdoor_pairs for c in p], num_classes, "attack.pairs")
         for s, t in config.backdoor_pairs:
             lut[s] = t
@@ -306,7 +376,7 @@ def backdoor_batches(data: ClientData, config: AttackConfig, seed: int,
     backdoor samples from elsewhere, for attackers whose partition holds no source class). The clean stream is
     the client's other training samples.
     """
-    if config.kind != "backdoor":
+    if not config.kind_.backdoor:
         raise AttackError(f"backdoor_batches needs kind='backdoor', got {config.kind!r}")
     pairs = config.backdoor_pairs
     _check_classes([c for p in pairs for c in p], data.num_classes, "attack.pairs")
@@ -328,7 +398,7 @@ def poisoned_batches(data: ClientData, config: AttackConfig, batch_size: int, se
 
     For a backdoor the batch size is ``config.batch_size`` (the recipe's 10); ``batch_size`` applies otherwise.
     """
-    if config.kind == "backdoor":
+    if config.kind_.backdoor:
         return backdoor_batches(data, config, seed, extra).epoch(epoch)
     y = flip_labels(data.y_train, config, data.num_classes) if config.flips_labels else data.y_train
     return clean_batches(data.x_train, y, batch_size, seed, epoch)

@@ -18,12 +18,13 @@ returns one array of pool indices per client (sorted, int64). Same inputs, same 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedcore.data.base import DataError
+from fedcore.registry import Registry
 
 IndexList = list[np.ndarray]
 
@@ -345,6 +346,95 @@ def is_natural(name: str) -> bool:
     return name.lower().replace("_", "-") in _NATURAL_NAMES
 
 
+@dataclass(frozen=True, eq=False)
+class PartitionParams:
+    """The parameters a partition kind may read (each reads its own; see :func:`make_partition`)."""
+
+    groups: np.ndarray | None = None
+    classes_per_client: int | None = None
+    alpha: float = 0.1
+    sigma: float = 2.0
+    min_size: int | None = None
+    num_types: int = 5
+    classes_per_type: int = 2
+    samples_per_client: int | None = None
+    mixed_groups: Sequence[tuple[float, int]] = MIXED_GROUPS
+    num_classes: int | None = None
+
+
+# A partition kind: (name as given, labels, number of clients or None for the default, seed, the name's argument,
+# parameters) -> Partition.
+PartitionFactory = Callable[[str, np.ndarray, int | None, int, str, PartitionParams], Partition]
+# Clients of every partition but the natural one when num_clients is not given.
+DEFAULT_CLIENTS = 100
+
+
+def _clients(num_clients: int | None) -> int:
+    return DEFAULT_CLIENTS if num_clients is None else num_clients
+
+
+def _iid(name: str, labels: np.ndarray, num_clients: int | None, seed: int, arg: str,
+         p: PartitionParams) -> Partition:
+    n = _clients(num_clients)
+    return Partition(tuple(iid_partition(labels, n, seed)))
+
+
+def _noniid_mixed(name: str, labels: np.ndarray, num_clients: int | None, seed: int, arg: str,
+                  p: PartitionParams) -> Partition:
+    n = _clients(num_clients)
+    y = _labels(labels)
+    present = int((np.bincount(y) > 0).sum()) if y.size else 0
+    ks = mixed_class_counts(n, seed, p.mixed_groups, num_classes=present)
+    parts = noniid_partition(y, n, ks, seed, sigma=p.sigma, min_size=_or(p.min_size, 20), num_classes=p.num_classes)
+    return Partition(tuple(parts), classes_per_client=ks)
+
+
+def _noniid(name: str, labels: np.ndarray, num_clients: int | None, seed: int, arg: str,
+            p: PartitionParams) -> Partition:
+    n = _clients(num_clients)
+    k = int(arg) if arg else p.classes_per_client
+    if k is None:
+        raise DataError(f"partition {name!r}: give the classes per client as noniid-<k> or classes_per_client")
+    ks = np.full(n, k, dtype=np.int64)
+    parts = noniid_partition(labels, n, k, seed, sigma=p.sigma, min_size=_or(p.min_size, 20),
+                             num_classes=p.num_classes)
+    return Partition(tuple(parts), classes_per_client=ks)
+
+
+def _dirichlet(name: str, labels: np.ndarray, num_clients: int | None, seed: int, arg: str,
+               p: PartitionParams) -> Partition:
+    n = _clients(num_clients)
+    a = float(arg) if arg else p.alpha
+    return Partition(tuple(dirichlet_partition(labels, n, a, seed, min_size=_or(p.min_size, 10),
+                                               num_classes=p.num_classes)))
+
+
+def _types(name: str, labels: np.ndarray, num_clients: int | None, seed: int, arg: str,
+           p: PartitionParams) -> Partition:
+    n = _clients(num_clients)
+    parts, types = distribution_types_partition(labels, n, p.num_types, seed, classes_per_type=p.classes_per_type,
+                                                samples_per_client=p.samples_per_client, num_classes=p.num_classes)
+    return Partition(tuple(parts), types=types)
+
+
+def _natural(name: str, labels: np.ndarray, num_clients: int | None, seed: int, arg: str,
+             p: PartitionParams) -> Partition:
+    if p.groups is None:
+        raise DataError(f"partition {name!r}: this dataset has no natural clients (no group ids)")
+    parts, ids = natural_partition(p.groups, seed, num_clients, min_size=_or(p.min_size, 1))
+    return Partition(tuple(parts), groups=ids)
+
+
+# The partition kinds by the name parse_partition reads a partition name as.
+PARTITION_KINDS: Registry[PartitionFactory] = Registry("partition", DataError)
+PARTITION_KINDS.add("iid", _iid, summary="shuffled, equal sizes")
+PARTITION_KINDS.add("noniid", _noniid, summary="noniid-<k>: each client draws from k classes, log-normal sizes")
+PARTITION_KINDS.add("noniid-mixed", _noniid_mixed, summary="50% of clients from 10 classes, 30% from 5, 20% from 2")
+PARTITION_KINDS.add("dirichlet", _dirichlet, summary="dirichlet[-<alpha>]: per-class proportions ~ Dir(alpha)")
+PARTITION_KINDS.add("types", _types, summary="DistFL distribution types: num_types disjoint sets of classes")
+PARTITION_KINDS.add("natural", _natural, summary="one client per natural group (Shakespeare role, HAR volunteer)")
+
+
 def make_partition(name: str, labels: np.ndarray, num_clients: int | None, seed: int, *,
                    groups: np.ndarray | None = None, classes_per_client: int | None = None,
                    alpha: float = 0.1, sigma: float = 2.0, min_size: int | None = None,
@@ -357,38 +447,11 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int | None, seed:
     ``min_size`` defaults to 20 for non-IID (two batches of 10), 10 for Dirichlet and 1 for natural.
     """
     kind, arg = parse_partition(name)
-    n = 100 if num_clients is None else num_clients
-    if kind == "iid":
-        return Partition(tuple(iid_partition(labels, n, seed)))
-    if kind == "noniid-mixed":
-        y = _labels(labels)
-        present = int((np.bincount(y) > 0).sum()) if y.size else 0
-        ks = mixed_class_counts(n, seed, mixed_groups, num_classes=present)
-        parts = noniid_partition(y, n, ks, seed, sigma=sigma, min_size=_or(min_size, 20), num_classes=num_classes)
-        return Partition(tuple(parts), classes_per_client=ks)
-    if kind == "noniid":
-        k = int(arg) if arg else classes_per_client
-        if k is None:
-            raise DataError(f"partition {name!r}: give the classes per client as noniid-<k> or classes_per_client")
-        ks = np.full(n, k, dtype=np.int64)
-        parts = noniid_partition(labels, n, k, seed, sigma=sigma, min_size=_or(min_size, 20),
-                                 num_classes=num_classes)
-        return Partition(tuple(parts), classes_per_client=ks)
-    if kind == "dirichlet":
-        a = float(arg) if arg else alpha
-        return Partition(tuple(dirichlet_partition(labels, n, a, seed, min_size=_or(min_size, 10),
-                                                   num_classes=num_classes)))
-    if kind == "types":
-        parts, types = distribution_types_partition(labels, n, num_types, seed, classes_per_type=classes_per_type,
-                                                    samples_per_client=samples_per_client,
-                                                    num_classes=num_classes)
-        return Partition(tuple(parts), types=types)
-    if kind != "natural":  # "auto" is resolved against the pool before partitioning
+    if kind not in PARTITION_KINDS:  # "auto" is resolved against the pool before partitioning
         raise DataError(f"partition {name!r}: resolve it against the dataset first")
-    if groups is None:
-        raise DataError(f"partition {name!r}: this dataset has no natural clients (no group ids)")
-    parts, ids = natural_partition(groups, seed, num_clients, min_size=_or(min_size, 1))
-    return Partition(tuple(parts), groups=ids)
+    params = PartitionParams(groups, classes_per_client, alpha, sigma, min_size, num_types, classes_per_type,
+                             samples_per_client, mixed_groups, num_classes)
+    return PARTITION_KINDS.get(kind)(name, labels, num_clients, seed, arg, params)
 
 
 def parse_partition(name: str) -> tuple[str, str]:

@@ -232,8 +232,7 @@ def step(state: NflState, obs: NflObservation, config: NflConfig) -> tuple[NflSt
     return s, events
 
 
-@DETECTORS.register("beta_hat", summary="FL-GUARD §4.1 as published: the median of the clients' β̂ᵢ, averaged "
-                                        "over the last c rounds, below 0")
+@DETECTORS.register("beta_hat", summary="FL-GUARD §4.1 as published, the median β̂ᵢ averaged over c rounds")
 def beta_hat_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
     """FL-GUARD §4.1 "NFL Detection" (1)–(2) over the running β̂ (Eq. 5); see the module docstring."""
     if obs.beta_hat is None or s.beta_hat is None:
@@ -336,7 +335,7 @@ def beta_hat_cusum_step(s: NflState, obs: NflObservation, config: NflConfig) -> 
     return [NflEvent(REPORTED, r, s.cusum, s.count, "beta_hat_cusum")]
 
 
-@DETECTORS.register("delta", summary="LINDT §3.4: Δ = w_div − ‖noise‖ above ε for more than r′ rounds")
+@DETECTORS.register("delta", summary="LINDT §3.4, Δ = w_div − ‖noise‖ above ε for more than r′ rounds")
 def delta_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
     """LINDT Algorithm 2 s8–s11 (count Δ > ε, report at count > r′) and appendix C.7's stop rule."""
     d = obs.delta

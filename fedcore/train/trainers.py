@@ -559,10 +559,12 @@ def noop_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
 
 TrainerFactory = Callable[[Mapping[str, Any] | None], Trainer]
 
+# The trainers by name (``recovery.method``, a client's ``trainer``), each with one line for --help and the docs.
 TRAINERS: Registry[TrainerFactory] = Registry("trainer", ValueError)
-TRAINERS.add("vanilla", vanilla_trainer)
-TRAINERS.add("flguard", flguard_trainer)
-TRAINERS.add("noop", noop_trainer)
+TRAINERS.add("vanilla", vanilla_trainer, summary="local SGD (FedProx with prox_mu > 0), no recovery method")
+TRAINERS.add("flguard", flguard_trainer, options=FlGuardConfig,
+             summary="local SGD, with FL-GUARD's model adaptation while recovery is on (the default)")
+TRAINERS.add("noop", noop_trainer, summary="returns the received model at once (benchmarks, protocol tests)")
 
 
 def make_trainer(name: str, options: Mapping[str, Any] | None = None) -> Trainer:
@@ -608,8 +610,17 @@ def _deferred(module: str, name: str) -> TrainerFactory:
     return factory
 
 
-# The knowledge-distillation trainers (FedNTD, MOON, HYDRA-FL) live in fedcore.train.kd.
-for _module, _names in (("fedcore.train.personal", ("ditto", "apfl", "ft", "fb")), ("fedcore.train.lindt", ("lindt",)),
-                        ("fedcore.train.kd", ("fedntd", "moon", "hydra"))):
-    for _name in _names:
-        TRAINERS.add(_name, _deferred(_module, _name))
+TRAINERS.add("ditto", _deferred("fedcore.train.personal", "ditto"),
+             summary="Ditto, a personal model trained toward the global one with weight λ")
+TRAINERS.add("apfl", _deferred("fedcore.train.personal", "apfl"),
+             summary="APFL, a personal model mixed with the global one by a learned α")
+TRAINERS.add("ft", _deferred("fedcore.train.personal", "ft"), summary="FT, fine-tunes the whole received global model")
+TRAINERS.add("fb", _deferred("fedcore.train.personal", "fb"),
+             summary="FB, fine-tunes only the top layer (the classifier) of the received model")
+TRAINERS.add("lindt", _deferred("fedcore.train.lindt", "lindt"), summary="LINDT's layer-wise intertwined dual model")
+# The knowledge-distillation trainers (FedNTD, MOON, HYDRA-FL) live in fedcore.train.kd; no recovery method.
+TRAINERS.add("fedntd", _deferred("fedcore.train.kd", "fedntd"),
+             summary="FedNTD, cross-entropy plus not-true distillation")
+TRAINERS.add("moon", _deferred("fedcore.train.kd", "moon"), summary="MOON, cross-entropy plus a model-contrastive loss")
+TRAINERS.add("hydra", _deferred("fedcore.train.kd", "hydra"),
+             summary="HYDRA-FL, cross-entropy plus distillation at the final and a shallow head")

@@ -263,6 +263,6 @@ def test_the_oracle_defender_trims_the_rounds_attacker_count() -> None:
 
 def test_the_client_cli_offers_every_attack_kind() -> None:
     from fedclient.cli import ATTACK_KINDS
-    from fedcore.attacks.poisoning import KINDS
+    from fedcore.attacks.poisoning import ATTACKS
 
-    assert ATTACK_KINDS == KINDS
+    assert tuple(ATTACKS.names()) == ATTACK_KINDS
