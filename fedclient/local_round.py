@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -47,6 +46,7 @@ from fedcore.nfl import DETECT_AND_RECOVER
 from fedcore.nfl import individual as ind
 from fedcore.seeds import RoundSeeds, derive_seed, round_seeds
 from fedcore.train import evaluate
+from fedcore.train.loop import Batches
 from fedcore.train.trainers import (
     Trainer,
     TrainerState,
@@ -174,7 +174,7 @@ class LocalRound:
 
     def run(self, model: nn.Module, data: ClientData, train_data: ClientData, fed: FederationInfo, round_: int,
             recovery_flag: bool, learning_rate: float | None, private_accuracy: float | None, *,
-            batches: Callable[[int], Any] | None = None, local_epochs: int | None = None) -> RoundOutcome:
+            batches: Batches | None = None, local_epochs: int | None = None) -> RoundOutcome:
         """Run round ``round_`` with the received model loaded in ``model``; ``model`` ends as the update.
         ``train_data``, ``batches`` and ``local_epochs`` (None: the federation's): what the trainer trains on."""
         cfg = self.config

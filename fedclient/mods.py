@@ -33,6 +33,7 @@ from fedcore.config import FederationInfo
 from fedcore.data import ClientData
 from fedcore.seeds import round_seeds
 from fedcore.simulation import CRASH, DROP
+from fedcore.train.loop import Batches
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class RoundTask:
     recovery: bool
     learning_rate: float | None
     train_data: ClientData
-    batches: Callable[[int], Any] | None = None
+    batches: Batches | None = None
     local_epochs: int | None = None
 
 
