@@ -10,15 +10,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fedclient.client import Backoff, ClientSummary, FedClient, FedClientError
+    from fedclient.client import FedClient
+    from fedclient.connection import Backoff
     from fedclient.embed import ModelNotReady, ServedModel
+    from fedclient.errors import FedClientError
+    from fedclient.runner import ClientSummary
     from fedcore.client_state import ClientNflState, ClientRoundReport
     from fedcore.config import ClientConfig
     from fedcore.data import ClientData
     from fedcore.data.source import DataSource
 
-_EXPORTS = {"Backoff": "fedclient.client", "ClientSummary": "fedclient.client", "FedClient": "fedclient.client",
-            "FedClientError": "fedclient.client", "ClientConfig": "fedcore.config",
+_EXPORTS = {"Backoff": "fedclient.connection", "ClientSummary": "fedclient.runner", "FedClient": "fedclient.client",
+            "FedClientError": "fedclient.errors", "ClientConfig": "fedcore.config",
             "ModelNotReady": "fedclient.embed", "ServedModel": "fedclient.embed",
             "ClientNflState": "fedcore.client_state", "ClientRoundReport": "fedcore.client_state",
             "ClientData": "fedcore.data", "DataSource": "fedcore.data.source"}

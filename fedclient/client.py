@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedclient.connection import HANDSHAKE_CLOSED_REPEATS, RETRYABLE, Backoff, Connection
+from fedclient.connection import Backoff, Connection
 from fedclient.embed import (
     Callbacks,
     EmbeddingApi,
@@ -39,7 +39,7 @@ from fedclient.embed import (
 )
 from fedclient.errors import FedClientError, FedClientRefused, Stopped
 from fedclient.local_round import LocalRound
-from fedclient.runner import MAX_RETRY_AFTER_S, VERSION, ClientSummary, RoundRunner
+from fedclient.runner import ClientSummary, RoundRunner
 from fedclient.setup import ClientSetup, ModelSpec
 from fedclient.simulation import DeviceGone, DeviceSimulation
 from fedclient.state import ClientState, ClientStateError
@@ -190,5 +190,5 @@ class FedClient(EmbeddingApi):
         return self._thread is not None and self._thread.is_alive()
 
 
-__all__ = ["HANDSHAKE_CLOSED_REPEATS", "MAX_RETRY_AFTER_S", "RETRYABLE", "VERSION", "Backoff", "ClientSummary",
-           "FedClient", "FedClientError", "FedClientRefused"]
+# Backoff, ClientSummary and the errors live in their parts; imported here as well (``fedclient.client.Backoff``).
+__all__ = ["Backoff", "ClientSummary", "FedClient", "FedClientError", "FedClientRefused"]
