@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fedcore.aggregation import AggregationConfig, check_memory
+from fedcore.aggregation import AggregationConfig, build_rule, check_memory
 from fedcore.attacks import AttackConfig
 from fedcore.attacks.harness import SimulationHarnessConfig
 from fedcore.distfl.config import DistflConfig
@@ -28,6 +28,7 @@ from fedcore.options import from_dict as from_dict  # re-exported
 from fedcore.options import to_dict as to_dict  # re-exported
 from fedcore.privacy import DpConfig
 from fedcore.simulation import SimulationConfig
+from fedcore.train.trainers import TRAINERS, make_trainer
 from fedcore.training_config import TrainingConfig as TrainingConfig  # re-exported
 from fedcore.training_config import validate_training_config as validate_training_config  # re-exported
 
@@ -160,11 +161,10 @@ class PersistenceConfig:
 @dataclass
 class RecoveryConfig:
     """The clients' recovery (personalization) method, announced at join (SPEC §7): a trainer registered on the
-    clients (:data:`fedcore.train.trainers.TRAINERS`) and its options. ``flguard``: FL-GUARD model adaptation;
-    ``ditto``, ``apfl``, ``ft``, ``fb``: the personalization baselines; ``vanilla``: none. A client that names its
-    own ``trainer`` uses that instead."""
+    clients (:data:`fedcore.train.trainers.TRAINERS`; the trainers are listed under "Plugins" below) and its
+    options, which the trainer validates. A client that names its own ``trainer`` uses that instead."""
 
-    # The recovery trainer by registered name (see above).
+    # The recovery trainer by registered name (default flguard: FL-GUARD model adaptation; vanilla: none).
     method: str = "flguard"
     # The method's options (e.g. {l_fb = 2}: flguard's partial-layer adaptation).
     options: dict[str, Any] = field(default_factory=dict)
@@ -287,10 +287,8 @@ class ClientConfig:
     backoff_max_s: float = 10.0
     # Give up after this many seconds without reaching the server; 0 retries forever.
     give_up_after_s: float = 120.0
-    # The client's own trainer, by registered name (fedcore.train.trainers.TRAINERS); empty: the method the server
-    # announces ([recovery] method, default "flguard"). "flguard" (local SGD/FedProx;
-    # FL-GUARD model adaptation while recovery is on), "vanilla" (local SGD/FedProx, no recovery method), "noop"
-    # (returns the received model at once: benchmarks, protocol tests).
+    # The client's own trainer, by registered name (fedcore.train.trainers.TRAINERS, listed under "Plugins" below);
+    # empty: the method the server announces ([recovery] method, default "flguard").
     trainer: str = ""
     # The trainer's options, e.g. {l_fb = 2} for flguard's partial-layer adaptation (with ``trainer`` only).
     trainer_options: dict[str, Any] = field(default_factory=dict)
@@ -341,12 +339,12 @@ def validate_server_config(c: ServerConfig) -> None:
     require(bool(s.federation_id), "server.federation_id", "must not be empty")
     require(s.chunk_bytes >= 1024, "server.chunk_bytes", f"must be >= 1024, got {s.chunk_bytes}")
     require(s.max_message_bytes >= s.chunk_bytes + 4096, "server.max_message_bytes",
-                f"must exceed chunk_bytes ({s.chunk_bytes}) by at least 4096, got {s.max_message_bytes}")
+            f"must exceed chunk_bytes ({s.chunk_bytes}) by at least 4096, got {s.max_message_bytes}")
     require(s.max_update_bytes > 0, "server.max_update_bytes", f"must be > 0, got {s.max_update_bytes}")
     require(s.long_poll_s > 0, "server.long_poll_s", f"must be > 0, got {s.long_poll_s}")
     require(s.heartbeat_interval_s > 0, "server.heartbeat_interval_s", f"must be > 0, got {s.heartbeat_interval_s}")
     require(s.heartbeat_patience_s > s.heartbeat_interval_s, "server.heartbeat_patience_s",
-                f"must exceed heartbeat_interval_s ({s.heartbeat_interval_s}), got {s.heartbeat_patience_s}")
+            f"must exceed heartbeat_interval_s ({s.heartbeat_interval_s}), got {s.heartbeat_patience_s}")
     require(math.isfinite(s.poll_grace_s) and s.poll_grace_s >= 0, "server.poll_grace_s",
             f"must be >= 0 seconds (0: off), got {s.poll_grace_s}")
     require(s.log_level in _LOG_LEVELS, "server.log_level", f"one of {sorted(_LOG_LEVELS)}, got {s.log_level!r}")
@@ -358,7 +356,7 @@ def validate_server_config(c: ServerConfig) -> None:
     require(r.clients_per_round >= 1, "rounds.clients_per_round", f"must be >= 1, got {r.clients_per_round}")
     require(r.over_select >= 1.0, "rounds.over_select", f"must be >= 1.0, got {r.over_select}")
     require(0 <= r.min_updates <= r.clients_per_round, "rounds.min_updates",
-                f"must be in [0, clients_per_round={r.clients_per_round}], got {r.min_updates}")
+            f"must be in [0, clients_per_round={r.clients_per_round}], got {r.min_updates}")
     require(r.min_available == 0 or r.min_available >= r.effective_min_updates, "rounds.min_available",
             f"must be 0 or >= min_updates ({r.effective_min_updates}), got {r.min_available}")
     require(r.round_timeout_s > 0, "rounds.round_timeout_s", f"must be > 0, got {r.round_timeout_s}")
@@ -379,15 +377,9 @@ def validate_server_config(c: ServerConfig) -> None:
     c.nfl.validate("nfl")
     c.distfl.validate("distfl")
     _validate_dp(c)
-    from fedcore.train.trainers import TRAINERS, make_trainer
     require(c.recovery.method in TRAINERS, "recovery.method",
             f"unknown method {c.recovery.method!r}; known: {', '.join(TRAINERS.names())}")
-    try:
-        make_trainer(c.recovery.method, c.recovery.options)
-    except ConfigError as e:
-        message = str(e).partition(": ")[2]
-        raise ConfigError("recovery.options" if e.field == "trainer" else f"recovery.options.{e.field}",
-                          message) from None
+    check_trainer_options(c.recovery.method, c.recovery.options, "recovery.options")
     sec = c.security
     if not sec.insecure:
         require(bool(sec.tls_cert and sec.tls_key), "security.tls_cert",
@@ -401,12 +393,12 @@ def validate_server_config(c: ServerConfig) -> None:
     require(math.isfinite(sec.replay_window_s) and sec.replay_window_s > 0, "security.replay_window_s",
             f"must be > 0, got {sec.replay_window_s}")
     require(not sec.crl or bool(sec.client_ca), "security.crl", "a CRL revokes client certificates: it needs "
-                "mutual TLS (security.client_ca)")
+            "mutual TLS (security.client_ca)")
     for name in ("join_rate_per_credential", "join_rate_per_peer"):
         rate = getattr(sec, name)
         require(math.isfinite(rate) and rate > 0, f"security.{name}", f"must be > 0 joins per second, got {rate}")
     require(sec.max_sessions_per_credential >= 1, "security.max_sessions_per_credential",
-                f"must be >= 1, got {sec.max_sessions_per_credential}")
+            f"must be >= 1, got {sec.max_sessions_per_credential}")
     _validate_harness(c)
 
 
@@ -427,7 +419,7 @@ def _validate_dp(c: ServerConfig) -> None:
     reason = not_accounted(c.aggregation, c.distfl.enabled)
     require(reason is None, "dp.max_epsilon", f"no epsilon is computed for this configuration: {reason}")
     require(importlib.util.find_spec("opacus") is not None, "dp.max_epsilon",
-                f"the budget needs the privacy accountant: {INSTALL_HINT}")
+            f"the budget needs the privacy accountant: {INSTALL_HINT}")
 
 
 def _validate_harness(c: ServerConfig) -> None:
@@ -449,7 +441,7 @@ def _validate_harness(c: ServerConfig) -> None:
             "a simulation test harness (the server crafts the attackers' updates); refused with production "
             f"settings: it runs only on an insecure loopback/simulation server, got {', '.join(production) or 'TLS'}")
     require(not c.distfl.enabled, "simulation_harness.full_knowledge_adversary",
-                "not supported with distfl.enabled (clusters aggregate their own rows)")
+            "not supported with distfl.enabled (clusters aggregate their own rows)")
 
 
 def resolved_rounds(c: ServerConfig) -> RoundsConfig:
@@ -458,7 +450,6 @@ def resolved_rounds(c: ServerConfig) -> RoundsConfig:
     r = c.rounds
     if r.min_updates:
         return r
-    from fedcore.aggregation.rules import build_rule
 
     rule = build_rule(effective_aggregation(c))
     n = r.effective_min_updates
@@ -520,7 +511,17 @@ def check_data_config(c: ServerConfig) -> None:
     require(r.clients_per_round <= shards, "rounds.clients_per_round",
             f"K = {r.clients_per_round} is more than the {shards} clients the data has ({where})")
     require(r.min_available <= shards, "rounds.min_available",
-                f"{r.min_available} is more than the {shards} clients the data has ({where})")
+            f"{r.min_available} is more than the {shards} clients the data has ({where})")
+
+
+def check_trainer_options(name: str, options: Mapping[str, Any], field_path: str) -> None:
+    """Build trainer ``name`` with ``options`` so that the trainer validates them; its errors are re-rooted under
+    ``field_path`` (``recovery.options.l_fb: ...``; a trainer that takes no options names the table itself)."""
+    try:
+        make_trainer(name, options)
+    except ConfigError as e:
+        raise (ConfigError(field_path, str(e).partition(": ")[2]) if e.field == "trainer"
+               else e.under(field_path)) from None
 
 
 def validate_client_config(c: ClientConfig) -> None:
@@ -529,18 +530,12 @@ def validate_client_config(c: ClientConfig) -> None:
     require(0 < c.backoff_initial_s <= c.backoff_max_s, "backoff_initial_s",
             f"need 0 < backoff_initial_s <= backoff_max_s, got {c.backoff_initial_s} and {c.backoff_max_s}")
     require(c.give_up_after_s >= 0, "give_up_after_s", f"must be >= 0, got {c.give_up_after_s}")
-    from fedcore.train.trainers import TRAINERS, make_trainer
     require(not c.trainer or c.trainer in TRAINERS, "trainer",
             f"unknown trainer {c.trainer!r}; known: {', '.join(TRAINERS.names())}")
     require(bool(c.trainer) or not c.trainer_options, "trainer_options",
-                "options need a trainer (the server's method comes with its own options)")
-    try:
-        if c.trainer:
-            make_trainer(c.trainer, c.trainer_options)
-    except ConfigError as e:
-        message = str(e).partition(": ")[2]
-        raise ConfigError("trainer_options" if e.field == "trainer" else f"trainer_options.{e.field}",
-                          message) from None
+            "options need a trainer (the server's method comes with its own options)")
+    if c.trainer:
+        check_trainer_options(c.trainer, c.trainer_options, "trainer_options")
     require(c.infer_after_recovery in ("adapted", "global"), "infer_after_recovery",
             f"one of 'adapted', 'global', got {c.infer_after_recovery!r}")
     require(c.max_model_bytes > 0, "max_model_bytes", f"must be > 0, got {c.max_model_bytes}")

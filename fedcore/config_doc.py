@@ -4,8 +4,10 @@
 
 Every field of :class:`~fedcore.config.ServerConfig` (by TOML section) and :class:`~fedcore.config.ClientConfig`
 with its TOML type, default and description. A field's description is the ``#`` comment block written directly
-above it in its dataclass (the one place it is documented); a section's is its class docstring. A test
-regenerates the page and fails when the committed file differs, or when a field has no description.
+above it in its dataclass (the one place it is documented); a section's is its class docstring. Then every
+registered plugin (trainers, aggregation rules, NFL detectors, attacks, partitions, datasets, models) under the
+field that names it, with the one line it registered (:mod:`fedcore.registry`). A test regenerates the page and
+fails when the committed file differs, or when a field has no description.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import textwrap
 import typing
 from typing import Any
 
+from fedcore import names
 from fedcore.config import ClientConfig, ServerConfig, toml_literal
 
 HEADER = """\
@@ -158,6 +161,35 @@ def section(cls: type, path: str, title: str, missing: list[str]) -> list[str]:
     return out
 
 
+# The config fields that name a plugin of each registry (keys of fedcore.names).
+PLUGIN_SLOTS = {
+    "TRAINERS": ("Trainers", "`recovery.method`, a client's `trainer`"),
+    "RULES": ("Aggregation rules", "`aggregation.rule`"),
+    "DETECTORS": ("NFL detectors", "`nfl.detector`"),
+    "ATTACKS": ("Attacks", "a client's `attack.kind`, `simulation_harness.attack.kind`"),
+    "PARTITIONS": ("Partitions", "`data.options.partition` (`noniid-<k>`, `dirichlet-<alpha>` carry an argument)"),
+    "DATASETS": ("Datasets", "`data.dataset`, a client's `dataset`"),
+    "MODELS": ("Models", "`model.name`"),
+}
+
+
+def plugins() -> list[str]:
+    """The registered plugins by the field that names them, with their one-line summaries."""
+    registered, lines = names.registered(), names.registered_summaries()
+    out = ["## Plugins", "",
+           "What the registries hold (`fedcore/registry.py`; adding one: [extending.md](extending.md)).", ""]
+    for key, (title, slot) in PLUGIN_SLOTS.items():
+        out += [f"### {title}", "", f"Named by {slot}.", ""]
+        summaries = lines.get(key, {})
+        if summaries:
+            out += ["| name | what it is |", "| --- | --- |"]
+            out += [f"| `{n}` | {_cell(summaries.get(n, ''))} |" for n in registered[key]]
+        else:
+            out.append(", ".join(f"`{n}`" for n in registered[key]))
+        out.append("")
+    return out
+
+
 def generate() -> tuple[str, list[str]]:
     """The page and the fields that have no description."""
     missing: list[str] = []
@@ -170,6 +202,7 @@ def generate() -> tuple[str, list[str]]:
     out += ["## Client (`fedclient`, `FedClient`)", "",
             "Top-level keys of `fedclient --config client.toml`, or `ClientConfig(...)` arguments when embedding.", ""]
     out += section(ClientConfig, "", "Client fields", missing)
+    out += plugins()
     return "\n".join(out).rstrip() + "\n", missing
 
 

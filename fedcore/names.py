@@ -66,10 +66,10 @@ SUMMARIES: dict[str, dict[str, str]] = {
         'stat_opt': "Stat-Opt (Fang et al.): coordinates beyond the benign extremes, against the benign mean's sign",
     },
     'PARTITIONS': {
-        'dirichlet': 'dirichlet[-<alpha>]: per-class proportions ~ Dir(alpha)',
+        'dirichlet': 'per-class shares over the clients ~ Dir(alpha) (dirichlet-alpha)',
         'iid': 'shuffled, equal sizes',
         'natural': 'one client per natural group (Shakespeare role, HAR volunteer)',
-        'noniid': 'noniid-<k>: each client draws from k classes, log-normal sizes',
+        'noniid': 'each client draws from k classes (noniid-k), log-normal sizes',
         'noniid-mixed': '50% of clients from 10 classes, 30% from 5, 20% from 2',
         'types': 'DistFL distribution types: num_types disjoint sets of classes',
     },

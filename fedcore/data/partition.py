@@ -428,9 +428,9 @@ def _natural(name: str, labels: np.ndarray, num_clients: int | None, seed: int, 
 # The partition kinds by the name parse_partition reads a partition name as.
 PARTITION_KINDS: Registry[PartitionFactory] = Registry("partition", DataError)
 PARTITION_KINDS.add("iid", _iid, summary="shuffled, equal sizes")
-PARTITION_KINDS.add("noniid", _noniid, summary="noniid-<k>: each client draws from k classes, log-normal sizes")
+PARTITION_KINDS.add("noniid", _noniid, summary="each client draws from k classes (noniid-k), log-normal sizes")
 PARTITION_KINDS.add("noniid-mixed", _noniid_mixed, summary="50% of clients from 10 classes, 30% from 5, 20% from 2")
-PARTITION_KINDS.add("dirichlet", _dirichlet, summary="dirichlet[-<alpha>]: per-class proportions ~ Dir(alpha)")
+PARTITION_KINDS.add("dirichlet", _dirichlet, summary="per-class shares over the clients ~ Dir(alpha) (dirichlet-alpha)")
 PARTITION_KINDS.add("types", _types, summary="DistFL distribution types: num_types disjoint sets of classes")
 PARTITION_KINDS.add("natural", _natural, summary="one client per natural group (Shakespeare role, HAR volunteer)")
 

@@ -482,6 +482,3 @@ KD_TRAINERS: dict[str, TrainerFactory] = {
     MOON: moon_trainer,
     HYDRA: hydra_trainer,
 }
-
-# The table fedcore.train.trainers.TRAINERS reads this module's trainers from.
-TRAINERS_HERE = KD_TRAINERS

@@ -319,6 +319,3 @@ def lindt_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
 
 
 LINDT_TRAINERS: dict[str, TrainerFactory] = {LINDT: lindt_trainer}
-
-# The table fedcore.train.trainers.TRAINERS reads this module's trainers from.
-TRAINERS_HERE = LINDT_TRAINERS

@@ -431,6 +431,3 @@ PERSONAL_TRAINERS: dict[str, TrainerFactory] = {
     FT: ft_trainer,
     FB: fb_trainer,
 }
-
-# The table fedcore.train.trainers.TRAINERS reads this module's trainers from.
-TRAINERS_HERE = PERSONAL_TRAINERS

@@ -596,31 +596,38 @@ def beta_hat(inference_model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor
     return evaluate(inference_model, xb, yb, batch_size=max(len(yb), 1)).accuracy - float(private_accuracy)
 
 
-# The personalization baselines (FL-GUARD §5.2–5.4: Ditto, APFL, fine-tuning FT, classifier fine-tuning FB) and
-# LINDT's dual model live in their own modules, which build on this one: registered here by name and imported when
-# a trainer is made, so that either module can be imported first.
-def _deferred(module: str, name: str) -> TrainerFactory:
+# The personalization baselines (FL-GUARD §5.2–5.4: Ditto, APFL, fine-tuning FT, classifier fine-tuning FB),
+# LINDT's dual model and the knowledge-distillation trainers live in their own modules, which build on this one:
+# registered here by "module:factory" and imported when a trainer is made, so that either module can be imported
+# first. A new trainer is one new module and one line here (docs/extending.md).
+def deferred(path: str) -> TrainerFactory:
+    """The factory at ``"package.module:function"``, imported on first use."""
+    module, _, attribute = path.partition(":")
+
     def factory(options: Mapping[str, Any] | None = None) -> Trainer:
         import importlib
 
-        table: dict[str, TrainerFactory] = importlib.import_module(module).TRAINERS_HERE
-        return table[name](options)
+        made: TrainerFactory = getattr(importlib.import_module(module), attribute)
+        return made(options)
 
-    factory.__name__ = f"{name}_trainer"
+    factory.__name__ = attribute
     return factory
 
 
-TRAINERS.add("ditto", _deferred("fedcore.train.personal", "ditto"),
+TRAINERS.add("ditto", deferred("fedcore.train.personal:ditto_trainer"),
              summary="Ditto, a personal model trained toward the global one with weight λ")
-TRAINERS.add("apfl", _deferred("fedcore.train.personal", "apfl"),
+TRAINERS.add("apfl", deferred("fedcore.train.personal:apfl_trainer"),
              summary="APFL, a personal model mixed with the global one by a learned α")
-TRAINERS.add("ft", _deferred("fedcore.train.personal", "ft"), summary="FT, fine-tunes the whole received global model")
-TRAINERS.add("fb", _deferred("fedcore.train.personal", "fb"),
+TRAINERS.add("ft", deferred("fedcore.train.personal:ft_trainer"),
+             summary="FT, fine-tunes the whole received global model")
+TRAINERS.add("fb", deferred("fedcore.train.personal:fb_trainer"),
              summary="FB, fine-tunes only the top layer (the classifier) of the received model")
-TRAINERS.add("lindt", _deferred("fedcore.train.lindt", "lindt"), summary="LINDT's layer-wise intertwined dual model")
-# The knowledge-distillation trainers (FedNTD, MOON, HYDRA-FL) live in fedcore.train.kd; no recovery method.
-TRAINERS.add("fedntd", _deferred("fedcore.train.kd", "fedntd"),
+TRAINERS.add("lindt", deferred("fedcore.train.lindt:lindt_trainer"),
+             summary="LINDT's layer-wise intertwined dual model")
+# The knowledge-distillation trainers (FedNTD, MOON, HYDRA-FL); no recovery method.
+TRAINERS.add("fedntd", deferred("fedcore.train.kd:fedntd_trainer"),
              summary="FedNTD, cross-entropy plus not-true distillation")
-TRAINERS.add("moon", _deferred("fedcore.train.kd", "moon"), summary="MOON, cross-entropy plus a model-contrastive loss")
-TRAINERS.add("hydra", _deferred("fedcore.train.kd", "hydra"),
+TRAINERS.add("moon", deferred("fedcore.train.kd:moon_trainer"),
+             summary="MOON, cross-entropy plus a model-contrastive loss")
+TRAINERS.add("hydra", deferred("fedcore.train.kd:hydra_trainer"),
              summary="HYDRA-FL, cross-entropy plus distillation at the final and a shallow head")
