@@ -46,7 +46,7 @@ class RoundReport:
     beta_weighted: float = NAN
     beta_benign: float = NAN
     beta_benign_weighted: float = NAN
-    # FL-GUARD Eq. 3: median of the round's reported beta_hat_i (NaN when none was reported) ...
+    # FL-GUARD Eq. 3: median of the round's reported beta_hat_i (UpdateReport.beta_hat; NaN when none was reported)
     beta_hat: float = NAN
     # ... and the detector's beta_hat: the mean of the last c round medians (NaN before any).
     beta_hat_avg: float = NAN
@@ -62,10 +62,10 @@ class RoundReport:
     # The same two groups' mean local test accuracy of the model each client infers with (benign clients).
     test_accuracy_adapting: float = NAN
     test_accuracy_holdout: float = NAN
-    # The participants' local training seconds, summed (client compute; "train_seconds" of each update).
+    # The participants' local training seconds, summed (client compute; UpdateReport.train_seconds of each update).
     client_seconds: float = 0.0
     # The participants' forward/backward passes relative to vanilla training of the round, averaged (1.0 =
-    # vanilla; FL-GUARD adaptation 2.0; each trainer's "passes" metric, 1.0 when it reports none).
+    # vanilla; FL-GUARD adaptation 2.0; UpdateReport.passes of each update, 1.0 when its trainer reports none).
     client_passes: float = NAN
     # The NFL detector after this round: "off", "always" (always-recover), "watching" or "reported"; its
     # count (negative beta_hat rounds since the last cancel, or rounds with delta > epsilon); whether the next
