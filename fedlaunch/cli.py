@@ -41,7 +41,6 @@ from fedlaunch.supervise import Interrupts, finish, start
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: stopped (or killed) by Ctrl-C or SIGTERM; resumable
 
 
-
 def main(argv: list[str] | None = None) -> int:
     as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -70,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(rc)
     return rc
-
 
 
 def _main(args: argparse.Namespace, given: dict[str, Any], t0: float) -> int:
@@ -169,12 +167,10 @@ def _main(args: argparse.Namespace, given: dict[str, Any], t0: float) -> int:
             shutil.rmtree(made_tls, ignore_errors=True)
 
 
-
 def resume_command(run_dir: Path) -> str:
     import shlex
 
     return f"fedguard-launch --resume --run-dir {shlex.quote(str(run_dir))}"
-
 
 
 def _launch(args: argparse.Namespace, run_dir: Path, t0: float, num_rounds: int) -> int:

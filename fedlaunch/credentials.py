@@ -11,12 +11,10 @@ from typing import Any
 STATUS_CLIENT = "launcher"
 
 
-
 # The operator credential of the servers this launcher starts (GetStatus is operator-only): random per launcher
 # process, handed to the server in its environment (FEDGUARD_OPERATOR_TOKEN), never on a command line, in the
 # run dir or in a log.
 OPERATOR_TOKEN = secrets.token_urlsafe(24)
-
 
 
 def make_tls_dir(client_ids: list[str], directory: Path | None = None, days: int = 2,
@@ -38,13 +36,11 @@ def make_tls_dir(client_ids: list[str], directory: Path | None = None, days: int
     return d
 
 
-
 def server_tls_flags(tls_dir: Path | None) -> list[str]:
     if tls_dir is None:
         return ["--insecure"]
     return ["--tls-cert", str(tls_dir / "server.pem"), "--tls-key", str(tls_dir / "server.key"),
             "--client-ca", str(tls_dir / "ca.pem")]
-
 
 
 def client_tls_options(tls_dir: Path | None, cid: str) -> dict[str, Any]:
@@ -53,7 +49,6 @@ def client_tls_options(tls_dir: Path | None, cid: str) -> dict[str, Any]:
         return {"insecure": True}
     return {"ca_cert": str(tls_dir / "ca.pem"), "cert": str(tls_dir / "clients" / f"{cid}.pem"),
             "key": str(tls_dir / "clients" / f"{cid}.key")}
-
 
 
 def client_tls_flags(tls_dir: Path | None, cid: str) -> list[str]:

@@ -51,7 +51,6 @@ def jsonl_rows(run_dir: Path, after: int) -> list[RoundReport]:
     return rows
 
 
-
 def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = sys.stdout,
           tls_dir: Path | None = None, interrupts: Interrupts | None = None, num_rounds: int = 0,
           graceful_s: float = 3.0) -> Outcome:

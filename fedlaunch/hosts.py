@@ -50,7 +50,6 @@ class HostSpec:
     data_options: dict[str, Any] = field(default_factory=dict)
 
 
-
 def host_spec(args: argparse.Namespace, address: str, first: int, count: int, ship_tls: bool = False) -> HostSpec:
     """The :class:`HostSpec` of the host running clients ``first`` .. ``first + count - 1``; ``ship_tls`` puts the
     certificates it needs into the spec itself (hosts on other machines cannot read the launcher's files)."""
@@ -66,7 +65,6 @@ def host_spec(args: argparse.Namespace, address: str, first: int, count: int, sh
         simulation={cid: args.simulation.get(cid, {}) for cid in ids},
         tls_dir="" if ship_tls or args.tls_dir is None else str(args.tls_dir), tls_files=tls_files,
         torch_threads=args.torch_threads, data_options=dict(args.data_options))
-
 
 
 def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
@@ -130,13 +128,11 @@ def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
     return 0 if failed == 0 and (stopped or finished + vanished == len(clients)) else 1
 
 
-
 def worker_command(spec: HostSpec, path: Path) -> list[str]:
     """Write ``spec`` to ``path`` and return the command line of a worker process that hosts it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dataclasses.asdict(spec)))
     return [sys.executable, "-m", "fedlaunch", "worker", "--spec", str(path)]
-
 
 
 def run_worker(spec_path: str) -> int:

@@ -21,7 +21,6 @@ def ended_by_dp_budget(log: Path, max_bytes: int = 64 << 10) -> bool:
     return bool(finished) and '"dp_budget"' in finished[-1]
 
 
-
 def last_error(log: Path, max_bytes: int = 256 << 10) -> str:
     """A process's last error from its log: the exception line of its last traceback, its last line from a CLI
     (``fedserver: ...``, ``fedclient: ...``), and its last error-level JSON log event; "" when there is none."""
@@ -56,7 +55,6 @@ def last_error(log: Path, max_bytes: int = 256 << 10) -> str:
     return "\n".join(parts)
 
 
-
 def vanished_count(log: Path | None) -> int:
     """Clients of a host that left on purpose (simulated dropout or availability), from the host's log."""
     if log is None:
@@ -69,7 +67,6 @@ def vanished_count(log: Path | None) -> int:
 
     hosted = [int(m) for m in re.findall(r"^host \d+-\d+: \d+/\d+ finished, (\d+) vanished", text, re.M)]
     return hosted[-1] if hosted else text.count("vanished (simulated device)")
-
 
 
 def clients_waiting(run_dir: Path) -> tuple[int, int] | None:
@@ -88,13 +85,11 @@ def clients_waiting(run_dir: Path) -> tuple[int, int] | None:
     return None
 
 
-
 def file_size(path: Path | None) -> int:
     try:
         return path.stat().st_size if path is not None else 0
     except OSError:
         return 0
-
 
 
 def logged_since(path: Path | None, offset: int, needle: str) -> bool:

@@ -46,9 +46,7 @@ LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_ep
                "device", "holdouts"}
 
 
-
 TRAINER_CHOICES = TRAINERS  # the trainer registry's names (fedcore.names: no torch for --help)
-
 
 
 # Launcher options that define the federation: changing one on --resume is refused, naming it.
@@ -56,15 +54,12 @@ FEDERATION_OPTIONS = ("clients", "k", "seed", "config", "server_set", "attackers
                       "knowledge", "holdouts", "trainer", "private_epochs", "min_updates")
 
 
-
 LAUNCH_FILE = "launch.json"
-
 
 
 # Dataset options that are paths or local choices: a server never announces them, so the launcher hands them
 # to its clients itself (the clients then read the data the configuration names, never another copy).
 LOCAL_DATA_OPTIONS = ("data_dir", "path", "source", "cache_dir", "download")
-
 
 
 def split_experiment(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -81,7 +76,6 @@ def split_experiment(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return dict(launch), data
 
 
-
 def local_data_options(server_part: dict[str, Any], server_set: list[str]) -> dict[str, Any]:
     """The local dataset options (``data_dir``, ...) of the server configuration, which clients get from the
     launcher (a server never announces paths)."""
@@ -93,7 +87,6 @@ def local_data_options(server_part: dict[str, Any], server_set: list[str]) -> di
         merge_override(data, keys, value)
     options = data.get("data", {}).get("options", {})
     return {k: options[k] for k in LOCAL_DATA_OPTIONS if isinstance(options, dict) and k in options}
-
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,7 +177,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-
 def given_options(argv: list[str]) -> dict[str, Any]:
     """The options given on this command line (dest -> value), without the parser's defaults."""
     ap = build_parser()
@@ -193,10 +185,8 @@ def given_options(argv: list[str]) -> dict[str, Any]:
     return vars(ap.parse_args(argv))
 
 
-
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
-
 
 
 def resume_arguments(run_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
@@ -216,7 +206,6 @@ def resume_arguments(run_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
                                     f"the federation; leave the flag out (the saved value is used) or start a new "
                                     f"federation without --resume")
     return {**saved, **_jsonable({k: v for k, v in given.items() if k != "resume"})}
-
 
 
 def save_arguments(args: argparse.Namespace, run_dir: Path, names: list[str]) -> None:

@@ -18,7 +18,6 @@ def client_id(index: int) -> str:
     return f"client-{index:05d}"
 
 
-
 def attacker_indices(num_clients: int, fraction: float, seed: int) -> list[int]:
     """A seeded random ``round(fraction * N)`` of the client indices."""
     import numpy as np
@@ -26,7 +25,6 @@ def attacker_indices(num_clients: int, fraction: float, seed: int) -> list[int]:
     n = round(fraction * num_clients)
     rng = np.random.default_rng([seed, 0xA77AC4])
     return sorted(int(i) for i in rng.choice(num_clients, size=n, replace=False))
-
 
 
 def holdout_indices(num_clients: int, fraction: float, seed: int, attackers: list[int]) -> list[int]:
@@ -37,7 +35,6 @@ def holdout_indices(num_clients: int, fraction: float, seed: int, attackers: lis
     n = round(fraction * len(benign))
     rng = np.random.default_rng([seed, 0x401D0])
     return sorted(int(benign[i]) for i in rng.choice(len(benign), size=n, replace=False))
-
 
 
 def simulation_plan(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -77,14 +74,12 @@ def simulation_plan(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return plan
 
 
-
 def configures_min_available(args: argparse.Namespace) -> bool:
     """Whether the experiment file or a --server-set override sets rounds.min_available itself."""
     if any(item.replace(" ", "").startswith("rounds.min_available=") for item in args.server_set):
         return True
     rounds = (args.server_part or {}).get("rounds", {})
     return isinstance(rounds, dict) and "min_available" in rounds
-
 
 
 def attack_table(base: dict[str, Any], attack_set: list[str], kind: str | None,
@@ -117,7 +112,6 @@ def attack_table(base: dict[str, Any], attack_set: list[str], kind: str | None,
     return attack
 
 
-
 def server_command(args: argparse.Namespace, run_dir: Path, listen: str, tls_dir: Path | None,
                    server_config: Path | None) -> list[str]:
     """The ``fedserver`` command line of this launch (``server_config``: the experiment file's server part)."""
@@ -145,7 +139,6 @@ def server_command(args: argparse.Namespace, run_dir: Path, listen: str, tls_dir
     return cmd
 
 
-
 def resolve_server_config(args: argparse.Namespace) -> Any:
     """The :class:`fedcore.config.ServerConfig` the server of this launch will run, built in-process from the same
     command line (the transport is the launcher's own making, so it is left out here)."""
@@ -159,7 +152,6 @@ def resolve_server_config(args: argparse.Namespace) -> Any:
             part.write_text(json.dumps(args.server_part))
         cmd = server_command(args, Path(tmp) / "run", "127.0.0.1:0", None, part)
         return config_from_args(server_parser().parse_args(cmd[3:]))
-
 
 
 def preflight(args: argparse.Namespace) -> Any:

@@ -13,19 +13,15 @@ COLUMNS = ("round", "selected", "accepted", "rejected", "late", "abandoned", "tr
            "beta", "beta_b", "delta", "adapt", "nfl", "clusters", "dp_eps", "seconds")
 
 
-
 _WIDTHS = (5, 8, 8, 8, 4, 9, 10, 8, 8, 7, 7, 8, 5, 12, 8, 8, 8)
-
 
 
 def _fmt(v: float, digits: int = 4) -> str:
     return "-" if v != v else f"{v:.{digits}f}"  # NaN prints as "-"
 
 
-
 def format_header() -> str:
     return " ".join(f"{c:>{w}}" for c, w in zip(COLUMNS, _WIDTHS, strict=True))
-
 
 
 def format_row(h: RoundReport) -> str:
@@ -45,13 +41,11 @@ def format_row(h: RoundReport) -> str:
             f"{len(h.clusters) or '-':>8} {_eps(h.dp_epsilon):>8} {h.seconds:>8.3f}")
 
 
-
 def _eps(v: float) -> str:
     """epsilon in 8 columns: 3 decimals while small, scientific notation when the noise gives no real privacy."""
     if v != v:
         return "-"
     return f"{v:.3f}" if v < 1000 else f"{v:.2e}"
-
 
 
 def last_rounds_summary(history: list[RoundReport], last: int = 10) -> str:
@@ -67,7 +61,6 @@ def last_rounds_summary(history: list[RoundReport], last: int = 10) -> str:
             f"beta {mean(lambda h: h.beta)}, "
             f"beta_benign {mean(lambda h: h.beta_benign)}, "
             f"central_acc {mean(lambda h: h.central_accuracy)}")
-
 
 
 class Progress:
@@ -93,7 +86,6 @@ class Progress:
         if self.shown:
             print("\r\x1b[2K", end="", file=self.out, flush=True)
             self.shown = False
-
 
 
 def eta(done: float, total: float, elapsed: float) -> str:

@@ -30,7 +30,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-
 class Host(Protocol):
     """A client host: a worker process here (:class:`subprocess.Popen`) or a Ray actor (:mod:`fedlaunch.ray_hosts`).
     ``wait`` raises :class:`subprocess.TimeoutExpired` when the host is still running after ``timeout``; ``poll``
@@ -45,7 +44,6 @@ class Host(Protocol):
     def kill(self) -> None: ...
 
 
-
 @dataclass
 class Launch:
     server: subprocess.Popen[bytes]
@@ -55,7 +53,6 @@ class Launch:
     # The log file of each client host (None for a Ray actor: it logs to Ray's session directory).
     client_logs: list[Path | None] = field(default_factory=list)
     server_log: Path | None = None
-
 
 
 class Interrupts:
@@ -75,7 +72,6 @@ class Interrupts:
         signal.signal(signal.SIGTERM, self)
 
 
-
 @dataclass
 class Outcome:
     """How a launch ended."""
@@ -85,7 +81,6 @@ class Outcome:
     how: str
     failed: str = ""
     history: list[RoundReport] = field(default_factory=list)
-
 
 
 def start(args: argparse.Namespace, run_dir: Path) -> Launch:
@@ -152,7 +147,6 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
     return Launch(server, clients, address, logs, client_logs, run_dir / "server.log")
 
 
-
 def failed_client(launch: Launch) -> str | None:
     """The first client host that exited with an error: its number, exit status and last error."""
     for i, c in enumerate(launch.clients):
@@ -164,7 +158,6 @@ def failed_client(launch: Launch) -> str | None:
             return f"client host {i} exited with status {code}{where}" + (
                 "\n  " + detail.replace("\n", "\n  ") if detail else "")
     return None
-
 
 
 def _signal_all(launch: Launch, sig: int) -> None:
@@ -179,7 +172,6 @@ def _signal_all(launch: Launch, sig: int) -> None:
                 os.killpg(p.pid, sig)
 
 
-
 def stop_now(launch: Launch) -> None:
     """Stop the federation after a failure: the server gracefully (it saves the state), clients at once."""
     with contextlib.suppress(ProcessLookupError):
@@ -190,7 +182,6 @@ def stop_now(launch: Launch) -> None:
         launch.server.wait(5.0)
     if launch.server.poll() is None:
         _signal_all(launch, signal.SIGKILL)
-
 
 
 def stop_gracefully(launch: Launch, interrupts: Interrupts, graceful_s: float,
@@ -223,7 +214,6 @@ def stop_gracefully(launch: Launch, interrupts: Interrupts, graceful_s: float,
         with contextlib.suppress(subprocess.TimeoutExpired):
             c.wait(5.0)
     return Outcome(launch.server.returncode, how, "", history)
-
 
 
 def finish(launch: Launch, timeout: float = 30.0, interrupts: Interrupts | None = None) -> list[int | None]:
