@@ -167,3 +167,25 @@ def test_every_number_the_server_reads_from_a_client_is_a_field_of_update_report
                 f"read it as the typed field UpdateReport.{k}" if k in FIELDS else
                 "a number the server reads from a client must be a field of fedcore.update_report.UpdateReport"))
     assert not found, "\n".join(found)
+
+
+def test_the_intake_refuses_an_implausible_report_naming_the_field_and_records_it() -> None:
+    from fedcore import rounds as rm
+    from fedcore.config import ServerConfig
+    from fedcore.models import build_model, model_manifest
+    from fedserver.errors import ProtocolError
+    from fedserver.global_models import GlobalModels
+    from fedserver.intake import UpdateIntake
+
+    model = build_model("mlp")
+    state = rm.RoundState(round=1, attempt=0, phase=rm.TRAINING, selected=["a", "b"])
+    seen: list[rm.Observation] = []
+    intake = UpdateIntake(ServerConfig(), GlobalModels.of(model), lambda: state, seen.append, lambda: 0.0,
+                          lambda cid: "global")
+    intake.open_round(1, 0, 2, 0.0)
+    with pytest.raises(ProtocolError) as e:
+        intake.begin("a", 1, dataclasses.replace(FULL, private_accuracy=1.5), False, model_manifest(model), 0)
+    assert e.value.code == "INVALID_ARGUMENT" and e.value.message.startswith("private_accuracy must be in [0, 1]")
+    assert isinstance(seen[0], rm.UpdateRejected) and seen[0].client_id == "a"
+    ticket = intake.begin("b", 1, FULL, False, model_manifest(model), 0)
+    assert ticket.report is FULL  # the record itself travels on, no copy into another type
