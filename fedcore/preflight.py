@@ -4,7 +4,7 @@
 what only the real objects can tell: that the dataset is where the configuration says (an explicit ``data_dir``
 that does not exist is an error, never replaced by another copy), that the model takes one of its samples and
 answers with one score per class, that K and ``min_available`` fit the fleet, and what the aggregation rule will
-cost. Every error is a :class:`fedcore.config.ConfigError` naming the field and, where there is a choice, the
+cost. Every error is a :class:`fedcore.errors.ConfigError` naming the field and, where there is a choice, the
 allowed values.
 """
 
@@ -13,7 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedcore.config import ConfigError, ServerConfig, check_aggregation_memory, check_data_config
+import torch
+
+from fedcore.config import ServerConfig, check_aggregation_memory, check_data_config
+from fedcore.data import DataError, load_client_data
+from fedcore.errors import ConfigError
+from fedcore.models import available_models, build_model
 
 # How to get a dataset that is not on this machine (the loaders' own hints say where they looked).
 GET_DATA = {
@@ -39,8 +44,6 @@ def check_data_dir(options: dict[str, Any], field_path: str = "data.options") ->
 def sample_data(config: ServerConfig) -> Any:
     """Client 0's shard under the configuration (:class:`fedcore.data.ClientData`); :class:`ConfigError` naming
     ``data.options.data_dir`` (or ``data.dataset``) and how to get the data when it is not there."""
-    from fedcore.data import DataError, load_client_data
-
     check_data_dir(config.data.options)
     try:
         return load_client_data(config.data.dataset, 0, config.rounds.seed, config.data.options)
@@ -54,35 +57,23 @@ def check_model_on_data(config: ServerConfig, data: Any) -> int:
     """Build the model and run one forward pass on one training sample; returns the model's parameter count.
     :class:`ConfigError` on ``model.name`` when the model does not take the dataset's samples or does not answer
     with one score per class (naming the registered models that do)."""
-    from fedcore.models import build_model
-
     try:
         model = build_model(config.model.name, config.model.kwargs, seed=config.rounds.seed)
     except (KeyError, ValueError, TypeError, ImportError, AttributeError) as e:
-        from fedcore.models import available_models
-
         raise ConfigError("model.name", f"cannot build {config.model.name!r} with kwargs {config.model.kwargs}: "
                                         f"{e}; registered models: {', '.join(available_models())}") from None
     num_params = int(sum(p.numel() for p in model.state_dict().values() if p.is_floating_point()))
     x = data.x_train[:1]
     problem = _forward_problem(model, x, data.num_classes)
     if problem is not None:
-        fits = [name for name in _registered_models() if _fits(name, x, data.num_classes)]
+        fits = [name for name in available_models() if _fits(name, x, data.num_classes)]
         raise ConfigError("model.name", f"{config.model.name!r} does not fit dataset {config.data.dataset!r}: one "
                                         f"sample of shape {list(x.shape)[1:]} ({x.dtype}) {problem}; registered "
                                         f"models that fit it: {', '.join(fits) or 'none'}")
     return num_params
 
 
-def _registered_models() -> list[str]:
-    from fedcore.models import available_models
-
-    return available_models()
-
-
 def _forward_problem(model: Any, x: Any, num_classes: int) -> str | None:
-    import torch
-
     was_training = model.training
     model.eval()
     try:
@@ -99,8 +90,6 @@ def _forward_problem(model: Any, x: Any, num_classes: int) -> str | None:
 
 
 def _fits(name: str, x: Any, num_classes: int) -> bool:
-    from fedcore.models import build_model
-
     try:
         return _forward_problem(build_model(name, {}, seed=0), x, num_classes) is None
     except Exception:  # a model that cannot be built with its defaults does not fit
