@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from fedcore.aggregation import AggregationConfig, build_rule, check_memory
 from fedcore.attacks import AttackConfig
 from fedcore.attacks.harness import SimulationHarnessConfig
+from fedcore.data import DataError, available_datasets, check_dataset
 from fedcore.distfl.config import DistflConfig
 from fedcore.errors import ConfigError as ConfigError  # re-exported: the old import path keeps working
 from fedcore.errors import require
@@ -494,8 +495,6 @@ def check_aggregation_memory(c: ServerConfig, num_params: int) -> None:
 def check_data_config(c: ServerConfig) -> None:
     """Refuse, before the server listens, a dataset clients cannot load (unknown name, an option it does not
     take) and a K or ``min_available`` above the number of clients the data has (no round could ever start)."""
-    from fedcore.data import DataError, available_datasets, check_dataset
-
     if c.data.dataset not in available_datasets():
         raise ConfigError("data.dataset", f"unknown dataset {c.data.dataset!r}; known: "
                                           f"{', '.join(available_datasets())}")
@@ -546,7 +545,6 @@ def validate_client_config(c: ClientConfig) -> None:
     for name in ("ca_cert", "cert", "key", "signing_key"):
         _check_file(getattr(c, name), name)
     if c.dataset:
-        from fedcore.data import available_datasets
         require(c.dataset in available_datasets(), "dataset",
                 f"unknown dataset {c.dataset!r}; known: {', '.join(available_datasets())}")
     c.simulation.validate("simulation")
