@@ -17,6 +17,8 @@ class ConfigError(ValueError):
 
     def under(self, prefix: str) -> ConfigError:
         """The same error with its field path placed under ``prefix`` (a plugin's options inside a config slot)."""
+        if not prefix:
+            return self
         return ConfigError(f"{prefix}.{self.field}" if self.field else prefix, str(self)[len(self.field) + 2:])
 
 

@@ -53,3 +53,4 @@ def test_summaries_and_unknown_names() -> None:
 def test_a_config_error_moves_under_a_prefix() -> None:
     e = ConfigError("trim_m", "must be >= 0, got -1").under("aggregation.options")
     assert str(e) == "aggregation.options.trim_m: must be >= 0, got -1" and e.field == "aggregation.options.trim_m"
+    assert str(e.under("")) == str(e)
