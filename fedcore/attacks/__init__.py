@@ -3,8 +3,6 @@ Dyn-Opt) by attacker clients, and the full-knowledge test harness."""
 
 from fedcore.attacks.model_poisoning import (
     MODEL_KINDS,
-    PoisonedUpdate,
-    UpdateContext,
     craft_rows,
     dyn_opt,
     halving_search,
@@ -20,6 +18,8 @@ from fedcore.attacks.poisoning import (
     AttackError,
     AttackKind,
     BackdoorBatches,
+    PoisonedUpdate,
+    UpdateContext,
     attacker_local_epochs,
     backdoor_batches,
     backdoor_set,

@@ -40,10 +40,7 @@ import torch
 
 from fedcore.aggregation import AggregationConfig
 from fedcore.aggregation.rules import Rule, build_rule
-from fedcore.attacks.poisoning import ATTACKS, AttackConfig, AttackKind
-from fedcore.attacks.poisoning import Crafted as Crafted  # re-exported: the records moved beside AttackKind
-from fedcore.attacks.poisoning import PoisonedUpdate as PoisonedUpdate  # re-exported
-from fedcore.attacks.poisoning import UpdateContext as UpdateContext  # re-exported
+from fedcore.attacks.poisoning import ATTACKS, AttackConfig, AttackKind, Crafted, PoisonedUpdate, UpdateContext
 from fedcore.seeds import derive_seed
 
 KNOWLEDGE = ("partial", "full")
@@ -319,10 +316,7 @@ __all__: Sequence[str] = (
     "KNOWLEDGE",
     "MODEL_KINDS",
     "SELECTION_RULES",
-    "Crafted",
     "DynOptResult",
-    "PoisonedUpdate",
-    "UpdateContext",
     "assumed_rule",
     "attack_rule",
     "check_model_attack",
