@@ -44,7 +44,7 @@ from fedcore.train import resolve_device
 from fedserver.clusters import SLOT as DISTFL_SLOT
 from fedserver.clusters import ClusterShell
 from fedserver.clusters import check_model as check_distfl_model
-from fedserver.dispatch import Task, TaskDispatcher, WaitInfo
+from fedserver.dispatch import Task, TaskDispatcher
 from fedserver.dp_monitor import OUTCOME as DP_BUDGET
 from fedserver.dp_monitor import SLOT as DP_SLOT
 from fedserver.dp_monitor import DpMonitor
@@ -53,8 +53,8 @@ from fedserver.final_models import write_final_models
 from fedserver.finalize import RoundFinalizer
 from fedserver.global_models import GlobalModels
 from fedserver.harness import AdversaryHarness
-from fedserver.intake import UpdateIntake, UpdateTicket
-from fedserver.membership import JoinResult, Membership
+from fedserver.intake import UpdateIntake
+from fedserver.membership import Membership
 from fedserver.nfl_monitor import SLOT as NFL_SLOT
 from fedserver.nfl_monitor import NflMonitor
 from fedserver.persistence import Persistence, StoreOpener, open_store, write_round
@@ -64,7 +64,8 @@ from fedserver.round_log import RoundCompletedLine, WaitingLine, log_event
 from fedserver.sessions import Sessions
 from fedserver.uploads import UploadGate
 
-__all__ = ["Coordinator", "JoinResult", "ProtocolError", "Task", "UpdateTicket", "WaitInfo", "evaluation_device"]
+# ProtocolError and Task: the names fedserver.servicer imports from here.
+__all__ = ["Coordinator", "ProtocolError", "Task", "evaluation_device"]
 
 
 def evaluation_device(config: ServerConfig) -> torch.device:
