@@ -173,15 +173,30 @@ PLUGIN_SLOTS = {
 }
 
 
+def options_text(options: type | None) -> str:
+    """A plugin's options as ``name = default`` pairs (its options dataclass's fields), or "none"."""
+    if options is None:
+        return "none"
+    return ", ".join(f"`{f.name}` = {default_text(f).strip('`')}" for f in dataclasses.fields(options) if f.init)
+
+
 def plugins() -> list[str]:
-    """The registered plugins by the field that names them, with their one-line summaries."""
-    registered, lines = names.registered(), names.registered_summaries()
+    """The registered plugins by the field that names them, with their one-line summaries and their options."""
+    registered, lines, registries = names.registered(), names.registered_summaries(), names.registries()
     out = ["## Plugins", "",
-           "What the registries hold (`fedcore/registry.py`; adding one: [extending.md](extending.md)).", ""]
+           "What the registries hold (`fedcore/registry.py`; adding one: [extending.md](extending.md)). A plugin's "
+           "options go in the table beside the field that names it (`recovery.options`, `trainer_options`).", ""]
     for key, (title, slot) in PLUGIN_SLOTS.items():
         out += [f"### {title}", "", f"Named by {slot}.", ""]
         summaries = lines.get(key, {})
-        if summaries:
+        registry = registries.get(key)
+        with_options = registry is not None and any(registry.plugin(n).options is not None for n in registered[key])
+        if summaries and registry is not None and with_options:
+            out += ["| name | what it is | options |", "| --- | --- | --- |"]
+            for n in registered[key]:
+                options = _cell(options_text(registry.plugin(n).options_type()))
+                out.append(f"| `{n}` | {_cell(summaries.get(n, ''))} | {options} |")
+        elif summaries:
             out += ["| name | what it is |", "| --- | --- |"]
             out += [f"| `{n}` | {_cell(summaries.get(n, ''))} |" for n in registered[key]]
         else:

@@ -10,6 +10,7 @@ any part of fedcore can hold a registry without an import circle.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -22,12 +23,22 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Plugin(Generic[T]):
-    """A registered entry: what builds it, its options' dataclass (None: it takes none) and one line about it."""
+    """A registered entry: what builds it, its options' dataclass (None: it takes none) and one line about it.
+
+    ``options`` may be given as ``"package.module:Class"`` for a plugin whose module is imported only when it is
+    first built (a deferred trainer): :meth:`options_type` imports it then."""
 
     name: str
     factory: T
-    options: type | None = None
+    options: type | str | None = None
     summary: str = ""
+
+    def options_type(self) -> type | None:
+        if isinstance(self.options, str):
+            module, _, attribute = self.options.partition(":")
+            found: type = getattr(importlib.import_module(module), attribute)
+            return found
+        return self.options
 
 
 class Registry(Generic[T]):
@@ -38,7 +49,7 @@ class Registry(Generic[T]):
         self.error = error
         self._entries: dict[str, Plugin[T]] = {}
 
-    def add(self, name: str, entry: T, *, options: type | None = None, summary: str = "",
+    def add(self, name: str, entry: T, *, options: type | str | None = None, summary: str = "",
             replace: bool = False) -> None:
         """Register ``entry`` (a factory, a loader, a step function) under ``name``."""
         if name in self._entries and not replace:
@@ -50,7 +61,7 @@ class Registry(Generic[T]):
         self.plugin(name)
         del self._entries[name]
 
-    def register(self, name: str, *, options: type | None = None, summary: str = "") -> Callable[[T], T]:
+    def register(self, name: str, *, options: type | str | None = None, summary: str = "") -> Callable[[T], T]:
         """Decorator form of :meth:`add`."""
 
         def deco(entry: T) -> T:
@@ -79,13 +90,13 @@ class Registry(Generic[T]):
     def parse_options(self, name: str, table: Mapping[str, Any] | None, path: str) -> Any:
         """Plugin ``name``'s options decoded from ``table`` and validated by the plugin's dataclass (its
         ``validate()`` when it has one); every error is a :class:`ConfigError` naming ``path.<field>``."""
-        plugin = self.plugin(name)
+        options_type = self.plugin(name).options_type()
         table = dict(table or {})
-        if plugin.options is None:
+        if options_type is None:
             if table:
                 raise ConfigError(path, f"{self.kind} {name!r} takes no options, got {sorted(table)}")
             return None
-        options: Any = from_dict(plugin.options, table, path)
+        options: Any = from_dict(options_type, table, path)
         validate = getattr(options, "validate", None)
         if callable(validate):
             try:

@@ -614,20 +614,20 @@ def deferred(path: str) -> TrainerFactory:
     return factory
 
 
-TRAINERS.add("ditto", deferred("fedcore.train.personal:ditto_trainer"),
+TRAINERS.add("ditto", deferred("fedcore.train.personal:ditto_trainer"), options="fedcore.train.personal:DittoConfig",
              summary="Ditto, a personal model trained toward the global one with weight λ")
-TRAINERS.add("apfl", deferred("fedcore.train.personal:apfl_trainer"),
+TRAINERS.add("apfl", deferred("fedcore.train.personal:apfl_trainer"), options="fedcore.train.personal:ApflConfig",
              summary="APFL, a personal model mixed with the global one by a learned α")
-TRAINERS.add("ft", deferred("fedcore.train.personal:ft_trainer"),
+TRAINERS.add("ft", deferred("fedcore.train.personal:ft_trainer"), options="fedcore.train.personal:FineTuneConfig",
              summary="FT, fine-tunes the whole received global model")
-TRAINERS.add("fb", deferred("fedcore.train.personal:fb_trainer"),
+TRAINERS.add("fb", deferred("fedcore.train.personal:fb_trainer"), options="fedcore.train.personal:FineTuneConfig",
              summary="FB, fine-tunes only the top layer (the classifier) of the received model")
-TRAINERS.add("lindt", deferred("fedcore.train.lindt:lindt_trainer"),
+TRAINERS.add("lindt", deferred("fedcore.train.lindt:lindt_trainer"), options="fedcore.train.lindt:LindtConfig",
              summary="LINDT's layer-wise intertwined dual model")
 # The knowledge-distillation trainers (FedNTD, MOON, HYDRA-FL); no recovery method.
-TRAINERS.add("fedntd", deferred("fedcore.train.kd:fedntd_trainer"),
+TRAINERS.add("fedntd", deferred("fedcore.train.kd:fedntd_trainer"), options="fedcore.train.kd:FedNtdConfig",
              summary="FedNTD, cross-entropy plus not-true distillation")
-TRAINERS.add("moon", deferred("fedcore.train.kd:moon_trainer"),
+TRAINERS.add("moon", deferred("fedcore.train.kd:moon_trainer"), options="fedcore.train.kd:MoonConfig",
              summary="MOON, cross-entropy plus a model-contrastive loss")
-TRAINERS.add("hydra", deferred("fedcore.train.kd:hydra_trainer"),
+TRAINERS.add("hydra", deferred("fedcore.train.kd:hydra_trainer"), options="fedcore.train.kd:HydraConfig",
              summary="HYDRA-FL, cross-entropy plus distillation at the final and a shallow head")

@@ -7,6 +7,7 @@ up everywhere without a hand edit.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -56,3 +57,20 @@ def test_described_gives_every_name_with_its_line(key: str) -> None:
     text = names.described(key)
     for name in names.listed()[key]:
         assert f"{name}: {names.SUMMARIES[key][name]}" in text
+
+
+def test_every_trainer_declares_the_options_its_factory_reads() -> None:
+    from fedcore.errors import ConfigError
+    from fedcore.train.trainers import TRAINERS, make_trainer
+
+    for name in TRAINERS.names():
+        options_type = TRAINERS.plugin(name).options_type()
+        make_trainer(name, {})  # the defaults build
+        if options_type is not None:
+            fields = [f for f in dataclasses.fields(options_type) if f.init]
+            assert TRAINERS.parse_options(name, {}, "recovery.options") == options_type(), name
+            make_trainer(name, {fields[0].name: getattr(options_type(), fields[0].name)})  # its field is read
+        with pytest.raises(ConfigError):
+            make_trainer(name, {"no_such_option": 1})
+        with pytest.raises(ConfigError, match=r"^recovery\.options"):
+            TRAINERS.parse_options(name, {"no_such_option": 1}, "recovery.options")

@@ -42,6 +42,13 @@ def test_options_are_decoded_and_validated_by_the_plugin_naming_the_field() -> N
     assert reg.parse_options("plain", {}, "x.options") is None
 
 
+def test_options_named_by_path_are_imported_when_needed() -> None:
+    reg: Registry[str] = Registry("thing", ValueError)
+    reg.add("lazy", "l", options=f"{__name__}:_Options")
+    assert reg.plugin("lazy").options_type() is _Options
+    assert reg.parse_options("lazy", {"ratio": 0.3}, "x.options") == _Options(0.3)
+
+
 def test_summaries_and_unknown_names() -> None:
     reg = _registry()
     assert reg.summaries() == {"plain": "takes no options", "tuned": "takes a ratio"}
