@@ -61,6 +61,7 @@ def _round(name: str, options: dict[str, float]) -> tuple[float, dict[str, torch
 
 def test_the_worked_example_registers_validates_and_trains(label_smoothing: None) -> None:
     assert TRAINERS.summaries()["label_smoothing"] == "local SGD on label-smoothed cross-entropy"
+    assert TRAINERS.plugin("label_smoothing").options_type() is sys.modules[MODULE].LabelSmoothingOptions
     cfg = ServerConfig()
     cfg.recovery.method, cfg.recovery.options = "label_smoothing", {"smoothing": 2.0}
     with pytest.raises(ConfigError, match=r"^recovery\.options\.smoothing: must be in \[0, 1\), got 2\.0$"):
