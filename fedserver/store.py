@@ -58,21 +58,27 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedserver.snapshot_files import (
+    MODELS_DIR,
+    TMP_SUFFIX,
+    Unverified,
+    parse_history,
+    parse_state,
+    store_file,
+    verify_models,
+)
+
 # torch (and fedcore.serialization, which needs it) is imported where tensors are read or written, so that
 # fedserver can check a run directory's state (check_state) before it pays for importing torch.
 if TYPE_CHECKING:
     import torch
 
 DB_NAME = "state.db"
-MODELS_DIR = "models"
 # PRAGMA application_id of a fedguard state store ("FGST"), and the schema version in PRAGMA user_version.
 APPLICATION_ID = 0x46475354
 SCHEMA_VERSION = 2
 QUARANTINE_DIR = "quarantine"
 MODEL_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-# The store's own files inside models/ (final names and their temp names); nothing else there is touched.
-_FILE_RE = re.compile(r"r(\d{6,})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8})\.fgt(\.tmp)?")
-_TMP_SUFFIX = ".tmp"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -260,10 +266,10 @@ class StateStore:
             referenced = {r[0] for r in self._conn.execute("SELECT path FROM models")}
         removed: list[str] = []
         for rel in sorted(pending):
-            name = rel[len(MODELS_DIR) + 1:] if rel.startswith(MODELS_DIR + "/") else ""
-            if rel in referenced or not _FILE_RE.fullmatch(name):
+            name = store_file(rel)
+            if rel in referenced or not name:
                 continue
-            for candidate in (name, name + _TMP_SUFFIX):
+            for candidate in (name, name + TMP_SUFFIX):
                 try:
                     (self.models_dir / candidate).unlink()
                     removed.append(f"{MODELS_DIR}/{candidate}")
@@ -401,7 +407,7 @@ class StateStore:
         }).encode()
         h = hashlib.sha256()
         final = self.models_dir / name
-        tmp = final.with_name(name + _TMP_SUFFIX)
+        tmp = final.with_name(name + TMP_SUFFIX)
         size = 0
         try:
             with open(tmp, "wb") as f:
@@ -478,7 +484,7 @@ class StateStore:
                 try:
                     snap = self._verify(int(completed_rounds), state_text, models, int(history_len), parse)
                     history = self._history(int(history_len))
-                except _Unverified as e:
+                except Unverified as e:
                     skipped.append(f"snapshot of round {completed_rounds} skipped: {e}")
                     skipped_ids.append(int(sid))
                     continue
@@ -499,64 +505,13 @@ class StateStore:
     def _history(self, history_len: int) -> list[dict[str, Any]]:
         if history_len < 0:
             return []
-        rows = self._conn.execute("SELECT seq, report FROM history WHERE seq < ? ORDER BY seq",
-                                  (history_len,)).fetchall()
-        if len(rows) != history_len or (rows and rows[-1][0] != history_len - 1):
-            raise _Unverified(f"its history has {len(rows)} of the {history_len} rows it covers")
-        out: list[dict[str, Any]] = []
-        for seq, text in rows:
-            try:
-                row = json.loads(text)
-            except ValueError as e:
-                raise _Unverified(f"history row {seq} is not valid JSON ({e})") from None
-            if not isinstance(row, dict):
-                raise _Unverified(f"history row {seq} is not a JSON object")
-            out.append(row)
-        return out
+        return parse_history(self._conn.execute("SELECT seq, report FROM history WHERE seq < ? ORDER BY seq",
+                                                (history_len,)).fetchall(), history_len)
 
     def _verify(self, completed_rounds: int, state_text: str,
                 models: Sequence[tuple[str, str, str, int]], history_len: int = -1, parse: bool = True) -> Snapshot:
-        try:
-            state = json.loads(state_text)
-        except (ValueError, TypeError) as e:
-            raise _Unverified(f"its state record is not valid JSON ({e})") from None
-        if not isinstance(state, dict):
-            raise _Unverified(f"its state record is a JSON {type(state).__name__}, not an object")
-        out: dict[str, dict[str, torch.Tensor]] = {}
-        for model_id, rel, digest, size in models:
-            what = f"model {model_id!r} ({rel})"
-            name = rel[len(MODELS_DIR) + 1:] if rel.startswith(MODELS_DIR + "/") else ""
-            if not _FILE_RE.fullmatch(name) or name.endswith(_TMP_SUFFIX):
-                raise _Unverified(f"{what} is not a path inside the store's {MODELS_DIR}/ folder")
-            path = self.models_dir / name
-            try:
-                with open(path, "rb") as f:
-                    got_size = os.fstat(f.fileno()).st_size
-                    if got_size != size:
-                        raise _Unverified(f"{what} has {got_size} bytes, {size} were written: truncated or "
-                                          "half-written")
-                    h = hashlib.sha256()
-                    while block := f.read(1 << 20):
-                        h.update(block)
-                    got = h.hexdigest()
-            except FileNotFoundError:
-                raise _Unverified(f"{what} is missing") from None
-            except OSError as e:
-                raise _Unverified(f"{what} cannot be read ({e.strerror or e})") from None
-            if got != digest:
-                raise _Unverified(f"{what} fails its sha256 checksum: corrupt or half-written")
-            if not parse:
-                continue
-            from fedcore.serialization import SerializationError, load_state
-
-            try:
-                tensors, extra = load_state(path)
-            except (SerializationError, ValueError, OSError) as e:
-                raise _Unverified(f"{what} cannot be parsed ({e})") from None
-            if extra.get("model_id", model_id) != model_id:
-                raise _Unverified(f"{what} holds model {extra.get('model_id')!r}")
-            out[model_id] = tensors
-        return Snapshot(completed_rounds, state, out, history_len)
+        state = parse_state(state_text)
+        return Snapshot(completed_rounds, state, verify_models(self.models_dir, models, parse), history_len)
 
     def quarantine(self, snapshot_ids: Sequence[int], keep_history: int) -> Path | None:
         """Move the snapshots ``snapshot_ids`` (ones that failed verification) and the history rows at and after
@@ -583,8 +538,8 @@ class StateStore:
                           "models": [{"model_id": m[0], "path": m[1], "sha256": m[2], "bytes": m[3]} for m in models]}
                 (dest / f"snapshot-{sid}-r{int(row[0]):06d}.json").write_text(json.dumps(record, indent=1))
                 for m in models:
-                    name = m[1][len(MODELS_DIR) + 1:] if m[1].startswith(MODELS_DIR + "/") else ""
-                    if _FILE_RE.fullmatch(name) and (self.models_dir / name).exists():
+                    name = store_file(m[1])
+                    if name and (self.models_dir / name).exists():
                         moves.append((self.models_dir / name, dest / name))
             if extra_history:
                 (dest / "history.json").write_text(json.dumps(
@@ -650,10 +605,6 @@ class StateStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Unverified(Exception):
-    """Why a snapshot failed verification (becomes a line of :attr:`Loaded.skipped`)."""
 
 
 def _connect(path: Path, create: bool) -> sqlite3.Connection:
