@@ -158,7 +158,23 @@ def _state_fingerprint(state: Any) -> dict[str, Any]:
             "kept": {k: tensors_sha(v) for k, v in sorted(state.kept.items())}}
 
 
+# torch's intra-op threads decide how reductions are split (the sums' order): the trainers part runs on this
+# many threads whatever the caller set (the golden was recorded with torch's default on a 2-core machine).
+TRAINER_THREADS = 2
+
+
 def trainer_fingerprints() -> dict[str, Any]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(TRAINER_THREADS)
+    try:
+        return _trainer_fingerprints()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _trainer_fingerprints() -> dict[str, Any]:
     import torch
 
     from fedcore.config import TrainingConfig

@@ -3,36 +3,19 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
-from fedcore.registry import Registry
+from fedcore.models.registry import MODELS as _REGISTRY
+from fedcore.models.registry import ModelError, ModelFactory, available_models, is_registered_model, register_model
 from fedcore.seeds import GLOBAL_RNG_LOCK, seeded_global_rng
 from fedcore.serialization import TensorMeta, fingerprint, manifest_of
 
-ModelFactory = Callable[..., nn.Module]
-
-
-class ModelError(ValueError):
-    """Unknown model name, bad factory path or bad model arguments."""
-
-
-_REGISTRY: Registry[ModelFactory] = Registry("model", ModelError)
-
-
-def register_model(name: str) -> Callable[[ModelFactory], ModelFactory]:
-    return _REGISTRY.register(name)
-
-
-def available_models() -> list[str]:
-    return _REGISTRY.names()
-
-
-def is_registered_model(name: str) -> bool:
-    """A model built in (or registered by this process's own code); never an import path."""
-    return ":" not in name and name in _REGISTRY.names()
+__all__ = ["ModelError", "ModelFactory", "available_models", "build_model", "is_registered_model", "model_fingerprint",
+           "model_manifest", "register_model",
+           "resolve_factory"]
 
 
 def resolve_factory(name: str) -> ModelFactory:

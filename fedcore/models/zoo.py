@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedcore.models import register_model
+from fedcore.models.registry import register_model
 
 
 class BlockModel(nn.Module):

@@ -67,6 +67,7 @@ def _import_nodes(body: list[ast.stmt], where: str) -> Iterator[tuple[ast.Import
 def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: set[str]) -> set[str]:
     """The fedcore modules an import statement runs (the named module, a submodule named in ``from``, parents)."""
     names: set[str] = set()
+    source = ""
     if isinstance(node, ast.Import):
         names = {alias.name for alias in node.names}
     else:
@@ -85,7 +86,14 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, k
             if candidate in known:
                 targets.add(candidate)
     own_packages = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
-    return targets - own_packages - {module}  # a module's own packages are initialised before it runs
+    # A module's own packages are initialised before it runs: importing through them is no edge, except a
+    # ``from <own package> import name`` that takes a name the package's __init__ defines (not a submodule):
+    # that reads the half-initialised package and works only by the order of its __init__ (a real circle).
+    reads_own_package: set[str] = set()
+    if isinstance(node, ast.ImportFrom) and source in own_packages and any(
+            f"{source}.{alias.name}" not in known for alias in node.names):
+        reads_own_package.add(source)
+    return (targets - own_packages - {module}) | reads_own_package
 
 
 def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Imports]:
@@ -182,6 +190,20 @@ def test_the_walker_finds_a_circle_and_skips_type_checking_and_function_imports(
     assert circles(graph) == [("pkg.a", "pkg.sub.b"), ("pkg.a", "pkg.sub", "pkg.sub.b")]
     assert ("pkg.c", "pkg.sub.b") in circles(graph, deferred=True, typing_only=True)
     assert ("pkg.c", "pkg.sub.b") not in circles(graph, deferred=True)
+
+
+def test_a_submodule_reading_a_name_from_its_half_initialised_package_is_a_circle(tmp_path: Path) -> None:
+    # fedcore.models <-> fedcore.models.zoo at 249f39b: the package's __init__ imports the zoo at its end and the
+    # zoo takes register_model from the package; importing a sibling submodule through the package is no edge.
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("def register(): ...\nfrom pkg import zoo, other\n")
+    (pkg / "zoo.py").write_text("from pkg import register\n")
+    (pkg / "other.py").write_text("from pkg import zoo\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.zoo"].module_level == {"pkg"}
+    assert graph["pkg.other"].module_level == {"pkg.zoo"}
+    assert circles(graph)[0] == ("pkg", "pkg.zoo")
 
 
 if __name__ == "__main__":
