@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fedcore.aggregation import AggregationConfig, build_rule, check_memory
+from fedcore.aggregation.config import LEGACY_RULE_OPTIONS
 from fedcore.attacks import AttackConfig
 from fedcore.attacks.harness import SimulationHarnessConfig
+from fedcore.attacks.poisoning import LEGACY_ATTACK_OPTIONS
 from fedcore.data import DataError, available_datasets, check_dataset
 from fedcore.distfl.config import DistflConfig
 from fedcore.errors import ConfigError as ConfigError  # re-exported: the old import path keeps working
 from fedcore.errors import require
-from fedcore.nfl.config import NflConfig
+from fedcore.nfl.config import LEGACY_DETECTOR_OPTIONS, NflConfig
 from fedcore.options import from_dict as from_dict  # re-exported
 from fedcore.options import to_dict as to_dict  # re-exported
 from fedcore.privacy import DpConfig
@@ -477,7 +479,7 @@ def effective_aggregation(c: ServerConfig) -> AggregationConfig:
 def _aggregation_error(e: ValueError) -> ConfigError:
     """fedcore.aggregation's messages start with the field name: re-root it under ``aggregation.``."""
     field_name, sep, message = str(e).partition(": ")
-    if sep and field_name.isidentifier():
+    if sep and all(part.isidentifier() for part in field_name.split(".")):  # "trim_m" or "options.trim_m"
         return ConfigError(f"aggregation.{field_name}", message)
     return ConfigError("aggregation", str(e))
 
@@ -587,6 +589,38 @@ def secret_token(token: str, token_file: str) -> str:
 # Configuration fields that hold secrets: never written to a run dir, printed or logged.
 SECRET_FIELDS = ("server.token", "token")
 REDACTED = "<redacted>"
+
+
+# The sections whose plugin options once were flat keys, with those keys (fold_flat_options reads them today).
+_PLUGIN_SECTIONS: tuple[tuple[str, type, Mapping[str, Any]], ...] = (
+    ("aggregation", AggregationConfig, LEGACY_RULE_OPTIONS),
+    ("nfl", NflConfig, LEGACY_DETECTOR_OPTIONS),
+    ("simulation_harness.attack", AttackConfig, LEGACY_ATTACK_OPTIONS),
+)
+
+
+def current_shape(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A configuration dict written by an older fedguard (a run dir's ``config.json``, the store's copy) in today's
+    shape: a section that still holds the flat option keys of its plugin (``aggregation.trim_m``, ``nfl.warmup``,
+    ``simulation_harness.attack.boost``) is read as today's loader reads it and written out again (JSON-safe), so
+    that comparing it with the running configuration compares what they mean. Anything else, and a section that
+    does not load, is returned unchanged."""
+    out = json.loads(json.dumps(dict(stored)))
+    for path, cls, flat in _PLUGIN_SECTIONS:
+        *parents, leaf = path.split(".")
+        node: Any = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        section_dict = node.get(leaf) if isinstance(node, dict) else None
+        if not (isinstance(section_dict, dict) and any(key in flat for key in section_dict)):
+            continue
+        try:
+            upgraded = to_dict(from_dict(cls, section_dict, path))
+        except ValueError:
+            continue
+        node[leaf] = json.loads(json.dumps(upgraded))
+    result: dict[str, Any] = out
+    return result
 
 
 def redacted(config: Any) -> dict[str, Any]:

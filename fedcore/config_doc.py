@@ -77,8 +77,11 @@ def _type_name(tp: Any) -> str:
 
 
 def toml_type(cls: type, name: str) -> str:
-    """The field's type as TOML sees it (string, integer, float, boolean, table, array; "or unset")."""
+    """The field's type as TOML sees it (string, integer, float, boolean, table, array; "or unset"). A plugin's
+    options (``options``, ``detector_options``: typed by the plugin the section names) are a table."""
     hints = typing.get_type_hints(cls)
+    if hints[name] is Any and name.endswith("options"):
+        return "table or unset"
     return _toml_type(hints[name])
 
 

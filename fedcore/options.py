@@ -18,7 +18,21 @@ T = TypeVar("T")
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
-    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types are errors naming the field."""
+    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types are errors naming the field.
+
+    A class with a ``from_table(data, path)`` classmethod decodes itself (a section that holds a plugin's name and
+    options, and maps the old flat keys of those options into them); it calls :func:`decode_fields`."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(path or "<root>", f"expected a table, got {type(data).__name__}")
+    hook = getattr(cls, "from_table", None)
+    if callable(hook):
+        decoded: T = hook(data, path)
+        return decoded
+    return decode_fields(cls, data, path)
+
+
+def decode_fields(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
+    """:func:`from_dict` field by field, without the class's ``from_table`` hook."""
     if not isinstance(data, Mapping):
         raise ConfigError(path or "<root>", f"expected a table, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
@@ -80,6 +94,11 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             return value
         raise ConfigError(path, f"expected a string, got {value!r}")
     return value
+
+
+def join(path: str, key: str) -> str:
+    """``path.key``, or ``key`` at the top level."""
+    return f"{path}.{key}" if path else key
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

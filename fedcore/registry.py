@@ -10,13 +10,15 @@ any part of fedcore can hold a registry without an import circle.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from fedcore.errors import ConfigError
-from fedcore.options import from_dict
+from fedcore.options import from_dict, join
 
 T = TypeVar("T")
 
@@ -96,6 +98,7 @@ class Registry(Generic[T]):
             if table:
                 raise ConfigError(path, f"{self.kind} {name!r} takes no options, got {sorted(table)}")
             return None
+        self._known_options(name, options_type, table, path)
         options: Any = from_dict(options_type, table, path)
         validate = getattr(options, "validate", None)
         if callable(validate):
@@ -107,5 +110,107 @@ class Registry(Generic[T]):
                 raise ConfigError(path, str(e)) from None
         return options
 
+    def coerce_options(self, name: str, options: Any, path: str) -> Any:
+        """Plugin ``name``'s options from what a constructor was given: None (the plugin's defaults), a table
+        (decoded, not yet validated: :meth:`validate_options`) or the plugin's options dataclass itself. Another
+        plugin's options are a :class:`ConfigError` naming ``path``. An unknown name leaves ``options`` as given."""
+        if name not in self:
+            return options
+        options_type = self.plugin(name).options_type()
+        if options is None or (isinstance(options, Mapping) and not options and options_type is None):
+            return None if options_type is None else options_type()
+        if isinstance(options, Mapping):
+            if options_type is None:
+                raise ConfigError(path, f"{self.kind} {name!r} takes no options, got {sorted(options)}")
+            self._known_options(name, options_type, options, path)
+            return from_dict(options_type, options, path)
+        if options_type is None or not isinstance(options, options_type):
+            wanted = "no options" if options_type is None else f"{options_type.__name__}"
+            raise ConfigError(path, f"{self.kind} {name!r} takes {wanted}, got {type(options).__name__}")
+        return options
+
+    def _known_options(self, name: str, options_type: type, table: Mapping[str, Any], path: str) -> None:
+        """Refuse an option plugin ``name`` does not declare, naming it and the ones it does."""
+        declared = [f.name for f in dataclasses.fields(options_type) if f.init]
+        for key in table:
+            if key not in declared:
+                raise ConfigError(join(path, str(key)), f"{self.kind} {name!r} has no option {key!r}; its options: "
+                                                        f"{', '.join(declared)}")
+
+    def validate_options(self, name: str, options: Any, path: str) -> None:
+        """Run the ``validate()`` of plugin options (as :meth:`parse_options` does); errors name ``path.<field>``."""
+        validate = getattr(options, "validate", None)
+        if callable(validate):
+            try:
+                validate()
+            except ConfigError as e:
+                raise e.under(path) from None
+            except ValueError as e:
+                raise ConfigError(path, str(e)) from None
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+def option_names(registry: Registry[Any], name: str) -> list[str]:
+    """The option fields plugin ``name`` declares (none for an unknown name or a plugin without options)."""
+    if name not in registry:
+        return []
+    options_type = registry.plugin(name).options_type()
+    if options_type is None:
+        return []
+    return [f.name for f in dataclasses.fields(options_type) if f.init]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as a config value: lists and tuples alike (a JSON round trip), NaN equal to NaN."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def fold_flat_options(registry: Registry[Any], name: Any, table: Mapping[str, Any], flat: Mapping[str, Any], *,
+                      path: str, options_key: str = "options") -> dict[str, Any]:
+    """``table`` (a config section naming plugin ``name``) with its old flat option keys moved into
+    ``table[options_key]``: the backward-compatible reading of a section written before the plugin owned them.
+
+    ``flat`` maps each old flat key to its old default. A flat key that plugin ``name`` declares as an option goes
+    into its options (given there too with another value: refused); one it does not declare is refused, naming the
+    new key and the plugin's options -- unless it holds the old default, which meant nothing for this plugin (a
+    whole section written out by the old code) and is dropped. For a name not registered the keys are moved
+    unchanged (the name's own error comes first)."""
+    data = dict(table)
+    moved = {key: data.pop(key) for key in list(data) if key in flat}
+    if not moved:
+        return data
+    options = data.get(options_key)
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(join(path, options_key), f"expected a table, got {options!r}")
+    options = dict(options)
+    known = isinstance(name, str) and name in registry
+    declared = option_names(registry, name) if known else list(moved)
+    for key, value in moved.items():
+        new_key = join(join(path, options_key), key)
+        if key in declared:
+            if key in options and not _same(options[key], value):
+                raise ConfigError(new_key, f"given twice, as {new_key} = {options[key]!r} and as the old flat key "
+                                           f"{join(path, key)} = {value!r}; keep one")
+            options[key] = value
+        elif not _same(value, flat[key]):
+            has = ", ".join(declared) if declared else "none"
+            raise ConfigError(new_key, f"{registry.kind} {name!r} has no option {key!r} (given as the old flat key "
+                                       f"{join(path, key)}); its options: {has}")
+    data[options_key] = options
+    return data
+
+
+def options_as(options: Any, cls: type[T], what: str) -> T:
+    """``options`` as plugin options of type ``cls`` (a section's parsed options, read by the plugin that declared
+    them); a :class:`TypeError` naming ``what`` when they are of another plugin."""
+    if not isinstance(options, cls):
+        raise TypeError(f"{what}: expected {cls.__name__} options, got {type(options).__name__}")
+    return options

@@ -94,13 +94,18 @@ def attack_table(base: dict[str, Any], attack_set: list[str], kind: str | None,
             keys, value = parse_override(item)
         except ConfigError as e:
             raise ValueError(f"--attack-set: expected KEY=VALUE, got {item!r}") from e
+        if len(keys) == 2 and keys[0] == "options":  # the kind's options table: options.KEY=VALUE
+            table = attack.get("options")
+            attack["options"] = {**(table if isinstance(table, dict) else {}), keys[1]: value}
+            continue
         if len(keys) != 1:
-            raise ValueError(f"--attack-set: expected an attack option KEY=VALUE, got {item!r}")
-        attack[keys[0]] = value
+            raise ValueError(f"--attack-set: expected an attack option KEY=VALUE (or options.KEY=VALUE), got {item!r}")
+        attack[keys[0]] = value  # a flat key of the kind's options is read into attack.options
     if kind:
         attack["kind"] = kind
     if knowledge:
         attack["knowledge"] = knowledge
+    attack = _kind_options(attack)
     if attack:  # refused here, naming the field, before a server or client starts
         from fedcore.attacks import AttackConfig
         from fedcore.attacks.model_poisoning import check_model_attack
@@ -110,6 +115,29 @@ def attack_table(base: dict[str, Any], attack_set: list[str], kind: str | None,
         except (ConfigError, ValueError) as e:
             raise ValueError(f"attack options: {e}") from e
     return attack
+
+
+def _kind_options(attack: dict[str, Any]) -> dict[str, Any]:
+    """The attack table with the options of its kind in ``options``: the old flat keys (``--attack-set boost=5``)
+    are moved there (a flat key given later wins over the file's ``options``), and the options of other kinds are
+    left out -- an experiment's ``[launch.attack]`` is shared by its arms (``--attack`` picks each arm's kind), as
+    it was when every kind's options sat in one flat table. A key no kind declares stays, to be refused by name."""
+    from fedcore.attacks.poisoning import ATTACKS, LEGACY_ATTACK_OPTIONS
+    from fedcore.registry import option_names
+
+    table = dict(attack)
+    raw = table.pop("options", None)
+    options = dict(raw) if isinstance(raw, dict) else {}
+    if raw is not None and not isinstance(raw, dict):
+        return attack  # refused by the attack section, naming attack.options
+    for key in [k for k in table if k in LEGACY_ATTACK_OPTIONS]:
+        options[key] = table.pop(key)
+    kind = table.get("kind", "none")
+    declared = option_names(ATTACKS, kind) if isinstance(kind, str) and kind in ATTACKS else list(options)
+    kept = {k: v for k, v in options.items() if k in declared or k not in LEGACY_ATTACK_OPTIONS}
+    if kept:
+        table["options"] = kept
+    return table
 
 
 def server_command(args: argparse.Namespace, run_dir: Path, listen: str, tls_dir: Path | None,

@@ -32,7 +32,7 @@ from typing import Any
 
 from fedcore import jsonio
 from fedcore import rounds as rm
-from fedcore.config import ConfigError, PersistenceConfig, ServerConfig, redacted
+from fedcore.config import ConfigError, PersistenceConfig, ServerConfig, current_shape, redacted
 from fedcore.log import get_logger
 from fedcore.report import RoundReport
 from fedserver.global_models import GlobalModels
@@ -155,7 +155,7 @@ class Persistence:
             self.snapshot(rm.RoundState(phase_since=now), [], 0)  # round 0: the initial model
             return None
         stored = self.store.get_meta("config") or {}
-        check_identity(stored, json.loads(json.dumps(redacted(self.config))))
+        check_identity(current_shape(stored), json.loads(json.dumps(redacted(self.config))))
         for model_id, tensors in snap.models.items():
             self.models.put(model_id, tensors)
         for name, value in snap.state.get("slots", {}).items():

@@ -48,12 +48,17 @@ import torch
 from fedcore.aggregation import (
     AggregationConfig,
     BufferedAggregator,
+    KNormOptions,
+    KrumOptions,
+    MultiKrumOptions,
     StreamingFedAvg,
+    TrimmedMeanOptions,
     build_rule,
     estimate_memory,
     make_aggregator,
 )
 from fedcore.aggregation.fixedpoint import FixedPointSum
+from fedcore.registry import options_as
 
 VARIANTS = [
     "fedavg", "fedavg+dp", "fedavg-exact", "median", "trimmed_mean", "trimmed_mean+dp",
@@ -72,12 +77,13 @@ def variant_config(name: str, k: int) -> AggregationConfig:
         "fedavg+dp": replace(base, **dp),  # type: ignore[arg-type]
         "fedavg-exact": replace(base, exact_metrics=True),
         "median": replace(base, rule="median"),
-        "trimmed_mean": replace(base, rule="trimmed_mean", trim_fraction=0.1),
-        "trimmed_mean+dp": replace(base, rule="trimmed_mean", trim_fraction=0.1, **dp),  # type: ignore[arg-type]
-        "krum": replace(base, rule="krum", krum_f=f),
-        "multi_krum": replace(base, rule="multi_krum", krum_f=f),
-        "bulyan": replace(base, rule="bulyan", krum_f=f),
-        "knorm": replace(base, rule="knorm", knorm_k=max(1, k // 10)),
+        "trimmed_mean": replace(base, rule="trimmed_mean", options=TrimmedMeanOptions(trim_fraction=0.1)),
+        "trimmed_mean+dp": replace(base, rule="trimmed_mean", options=TrimmedMeanOptions(trim_fraction=0.1),
+                                   **dp),  # type: ignore[arg-type]
+        "krum": replace(base, rule="krum", options=KrumOptions(krum_f=f)),
+        "multi_krum": replace(base, rule="multi_krum", options=MultiKrumOptions(krum_f=f)),
+        "bulyan": replace(base, rule="bulyan", options=KrumOptions(krum_f=f)),
+        "knorm": replace(base, rule="knorm", options=KNormOptions(knorm_k=max(1, k // 10))),
     }
     return configs[name]
 
@@ -152,7 +158,7 @@ def run_child(variant: str, k: int, p: int, seed: int, with_numpy: bool) -> dict
             if cfg.rule == "median":
                 ref = np.median(arr, axis=0)
             else:
-                m = int((cfg.trim_fraction or 0.0) * k)
+                m = int((options_as(cfg.options, TrimmedMeanOptions, "options").trim_fraction or 0.0) * k)
                 ref = np.sort(arr, axis=0)[m : k - m].mean(axis=0)
             out["numpy_s"] = time.perf_counter() - t0
             out["np_ratio"] = out["numpy_s"] / out["rule_s"]

@@ -47,7 +47,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fedcore import distfl  # noqa: E402
-from fedcore.attacks import AttackConfig  # noqa: E402
+from fedcore.attacks import AttackConfig, LabelFlipOptions  # noqa: E402
 from fedcore.attacks.poisoning import flip_labels  # noqa: E402
 from fedcore.config import TrainingConfig  # noqa: E402
 from fedcore.data import load_client_data  # noqa: E402
@@ -56,7 +56,7 @@ from fedcore.models import build_model  # noqa: E402
 from fedcore.seeds import derive_seed  # noqa: E402
 from fedcore.train import train_local  # noqa: E402
 
-FLIP = AttackConfig(kind="label_flip", flip="swap", pairs=((0, 4), (1, 5), (2, 6), (3, 7)))
+FLIP = AttackConfig(kind="label_flip", options=LabelFlipOptions(flip="swap", pairs=((0, 4), (1, 5), (2, 6), (3, 7))))
 
 
 def _weighted_mean(states: list[dict[str, torch.Tensor]], weights: list[float],

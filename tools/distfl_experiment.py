@@ -99,7 +99,7 @@ def _flip_metrics(config: dict[str, Any], seed: int, state: dict[str, Any]) -> t
     """Accuracy and ASR of ``state`` on the pooled test splits of the scenario's clients."""
     import torch
 
-    from fedcore.attacks import AttackConfig
+    from fedcore.attacks import AttackConfig, LabelFlipOptions
     from fedcore.attacks.poisoning import target_mapping
     from fedcore.data import load_client_data
     from fedcore.metrics import attack_success_rate, central_accuracy, pooled_test_set
@@ -111,8 +111,9 @@ def _flip_metrics(config: dict[str, Any], seed: int, state: dict[str, Any]) -> t
     model = build_model(config["model"]["name"], config["model"].get("kwargs", {}), seed=seed)
     model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
     attack = config["launch"]["attack"]
-    mapping = target_mapping(AttackConfig(kind="label_flip", flip=attack["flip"],
-                                          pairs=tuple(tuple(p) for p in attack["pairs"])), 10)
+    table = attack.get("options", attack)  # the kind's options table (or the old flat keys)
+    flip = LabelFlipOptions(flip=table["flip"], pairs=tuple((int(a), int(b)) for a, b in table["pairs"]))
+    mapping = target_mapping(AttackConfig(kind="label_flip", options=flip), 10)
     return central_accuracy(model, x, y), attack_success_rate(model, x, y, mapping)
 
 

@@ -57,9 +57,10 @@ DEFAULT_ARMS = {"ntd": ["fedavg", "fedntd", "hydra"], "moon": ["fedavg", "moon",
 SCENARIO_ATTACK = {"ntd": "dyn_opt", "moon": "stat_opt"}
 # The rules scenario: the small MNIST CNN (cheap on a CPU) and the configured defender (no oracle trim).
 RULES_BASE = ["model.name=\"mnist_cnn\"", "simulation_harness.trim_to_attackers=false"]
-RULES = {"trimmed_mean": [*RULES_BASE, "aggregation.rule=\"trimmed_mean\"", "aggregation.trim_m=2"],
-         "median": [*RULES_BASE, "aggregation.rule=\"median\""],
-         "krum": [*RULES_BASE, "aggregation.rule=\"krum\"", "aggregation.krum_f=2"]}
+# Each sets the rule with its whole options table (the config file's trimmed_mean options do not apply to another rule).
+RULES = {"trimmed_mean": [*RULES_BASE, "aggregation.rule=\"trimmed_mean\"", "aggregation.options={trim_m = 2}"],
+         "median": [*RULES_BASE, "aggregation.rule=\"median\"", "aggregation.options={}"],
+         "krum": [*RULES_BASE, "aggregation.rule=\"krum\"", "aggregation.options={krum_f = 2}"]}
 ATTACKERS = 0.2
 # HYDRA-FL's MNIST figures (no attack, attack), Table 1 (FedNTD setting, Dyn-Opt) and Table 2 (MOON setting,
 # Stat-Opt), beside ours in the summary.

@@ -32,6 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fedcore import nfl  # noqa: E402
+from fedcore.registry import options_as  # noqa: E402
 from tools.nfl_experiment import BEGIN, END, RunData, load_runs, splice  # noqa: E402
 from tools.runs import finite_mean  # noqa: E402
 
@@ -46,7 +47,7 @@ class Candidate:
     uses_nr: bool = True  # False: the first report does not depend on NR (CUSUM)
 
     def config(self, nr: int) -> nfl.NflConfig:
-        return nfl.NflConfig(detector=self.detector, nr=nr, c=nr, **self.settings).validate()
+        return nfl.NflConfig(detector=self.detector, nr=nr, c=nr, detector_options=self.settings).validate()
 
 
 CANDIDATES = (
@@ -90,13 +91,14 @@ def replay(obs: list[nfl.NflObservation], config: nfl.NflConfig) -> Replay:
     """Step ``config``'s detector over ``obs`` until its first report."""
     s = nfl.init(config)
     cusum = config.detector == "beta_hat_cusum"
+    h = options_as(config.detector_options, nfl.CusumOptions, "nfl.detector_options").cusum_h if cusum else 0.0
     peak = 0.0
     for o in obs:
         s, events = nfl.step(s, o, config)
         peak = max(peak, s.cusum if cusum else float(s.count))
         if any(e.kind == nfl.REPORTED for e in events):
-            return Replay(o.round, peak, config.cusum_h if cusum else config.nr + 1, s.armed_round, len(obs))
-    return Replay(None, peak, config.cusum_h if cusum else config.nr + 1, s.armed_round, len(obs))
+            return Replay(o.round, peak, h if cusum else config.nr + 1, s.armed_round, len(obs))
+    return Replay(None, peak, h if cusum else config.nr + 1, s.armed_round, len(obs))
 
 
 def vanilla_runs(paths: list[str]) -> dict[tuple[str, str, int], RunData]:

@@ -24,20 +24,34 @@ from fedcore.aggregation.base import (
 from fedcore.aggregation.config import AggregationConfig, AggregationResult, TooFewUpdatesError
 from fedcore.aggregation.memory import MemoryBudgetError, MemoryEstimate, check_memory, estimate_memory
 from fedcore.aggregation.pipeline import Pipeline, aggregate
-from fedcore.aggregation.rules import Rule, RuleOutput, build_rule, register_rule, rule_names
+from fedcore.aggregation.rules import (
+    KNormOptions,
+    KrumOptions,
+    MultiKrumOptions,
+    Rule,
+    RuleOutput,
+    TrimmedMeanOptions,
+    build_rule,
+    register_rule,
+    rule_names,
+)
 
 __all__ = [
     "AggregationConfig",
     "AggregationResult",
     "Aggregator",
     "BufferedAggregator",
+    "KNormOptions",
+    "KrumOptions",
     "MemoryBudgetError",
     "MemoryEstimate",
+    "MultiKrumOptions",
     "Pipeline",
     "Rule",
     "RuleOutput",
     "StreamingFedAvg",
     "TooFewUpdatesError",
+    "TrimmedMeanOptions",
     "aggregate",
     "build_rule",
     "check_memory",

@@ -7,14 +7,22 @@ validates its rule without importing the rules, so no import circle forms.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
-from fedcore.registry import Registry
+from fedcore.errors import ConfigError
+from fedcore.options import decode_fields, join
+from fedcore.registry import Registry, fold_flat_options, option_names
+
+# The flat keys ``[aggregation]`` held before each rule owned its options, with their old defaults: still read, into
+# the chosen rule's ``options`` (fold_flat_options).
+LEGACY_RULE_OPTIONS: dict[str, Any] = {"trim_m": None, "trim_fraction": None, "krum_f": 1, "multi_krum_m": None,
+                                       "knorm_k": 1}
 
 
 class TooFewUpdatesError(ValueError):
@@ -35,20 +43,14 @@ class AggregationConfig:
 
     # Aggregation rule, by registered name: fedavg, median, trimmed_mean, krum, multi_krum, bulyan, knorm.
     rule: str = "fedavg"
+    # The rule's options (a table; e.g. {trim_m = 2} for trimmed_mean, {krum_f = 2} for krum): the frozen options
+    # dataclass the rule registered (listed under "Plugins" below), validated by it. Unset: the rule's defaults.
+    # The old flat keys (aggregation.trim_m, trim_fraction, krum_f, multi_krum_m, knorm_k) are still read into it.
+    options: Any = None
     # FedAvg, and the averaging step of multi_krum / knorm: weight each update by its sample count n_i
     # (FL-GUARD) or take the plain mean (LINDT). LINDT Eq. 4 (server-side DP) is the plain mean: set False
     # to reproduce it exactly. median, trimmed_mean, krum and bulyan ignore weights.
     weighted: bool = True
-    # trimmed_mean: drop the trim_m largest and trim_m smallest values of every coordinate, or a fraction
-    # (floor(trim_fraction * n) per side, n = updates received). Set at most one; neither means fraction 0.1.
-    trim_m: int | None = None
-    trim_fraction: float | None = None
-    # krum, multi_krum, bulyan: number f of assumed Byzantine clients.
-    krum_f: int = 1
-    # multi_krum: number m of best-scored updates to average; None keeps n - f.
-    multi_krum_m: int | None = None
-    # knorm: discard the knorm_k updates with the largest L2 norms, average the rest.
-    knorm_k: int = 1
     # Server-side DP (LINDT Eq. 4): clip every update to L2 norm clip_norm (S); None disables clipping.
     clip_norm: float | None = None
     # Server-side DP: std sigma of the Gaussian noise N(0, sigma^2 I) added to the aggregate step; 0 = none.
@@ -66,6 +68,21 @@ class AggregationConfig:
     # make_aggregator refuses a rule/K/P combination whose working memory exceeds this; 0 = no check.
     memory_budget_bytes: int = 0
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", RULES.coerce_options(self.rule, self.options, "options"))
+
+    @classmethod
+    def from_table(cls, data: Mapping[str, Any], path: str = "") -> AggregationConfig:
+        """The section from a TOML table / dict: ``options`` parsed and validated by the rule
+        (:meth:`Registry.parse_options`, errors name ``aggregation.options.<field>``), the old flat keys of
+        :data:`LEGACY_RULE_OPTIONS` moved into it first (:func:`fold_flat_options`)."""
+        table = fold_flat_options(RULES, data.get("rule", "fedavg"), data, LEGACY_RULE_OPTIONS, path=path)
+        options = table.pop("options", None)
+        config = decode_fields(cls, table, path)
+        if config.rule not in RULES:
+            return config if options is None else dataclasses.replace(config, options=options)
+        return dataclasses.replace(config, options=RULES.parse_options(config.rule, options, join(path, "options")))
+
     def validate(self, k: int, min_updates: int | None = None) -> AggregationConfig:
         """Refuse impossible parameters for rounds of ``k`` updates (and, if given, as few as ``min_updates``).
 
@@ -81,31 +98,31 @@ class AggregationConfig:
             raise ValueError(f"noise_sigma: must be a finite number >= 0, got {self.noise_sigma}")
         if math.isnan(self.max_update_norm) or self.max_update_norm <= 0:
             raise ValueError(f"max_update_norm: must be > 0 (inf = no ceiling), got {self.max_update_norm}")
-        if self.trim_m is not None and self.trim_fraction is not None:
-            raise ValueError(f"trim_m: set trim_m or trim_fraction, not both (got trim_m={self.trim_m}, "
-                             f"trim_fraction={self.trim_fraction})")
-        if self.trim_m is not None and self.trim_m < 0:
-            raise ValueError(f"trim_m: must be >= 0, got {self.trim_m}")
-        if self.trim_fraction is not None and not (0.0 <= self.trim_fraction < 0.5):
-            raise ValueError(f"trim_fraction: must be in [0, 0.5), got {self.trim_fraction}")
-        if self.krum_f < 0:
-            raise ValueError(f"krum_f: must be >= 0, got {self.krum_f}")
-        if self.multi_krum_m is not None and self.multi_krum_m < 1:
-            raise ValueError(f"multi_krum_m: must be >= 1 (or None for n - f), got {self.multi_krum_m}")
-        if self.knorm_k < 0:
-            raise ValueError(f"knorm_k: must be >= 0, got {self.knorm_k}")
+        try:
+            RULES.validate_options(self.rule, self.options, "options")
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
         if self.sketch_dim < 0:
             raise ValueError(f"sketch_dim: must be >= 0 (0 = no w_div estimate when streaming), got {self.sketch_dim}")
         if self.memory_budget_bytes < 0:
             raise ValueError(f"memory_budget_bytes: must be >= 0 (0 = unchecked), got {self.memory_budget_bytes}")
         rule = build_rule(self)
-        rule.check(k)
+        try:
+            rule.check(k)
+        except ValueError as e:
+            raise ValueError(self._under_options(str(e))) from None
         if min_updates is not None and 1 <= min_updates < k:
             try:
                 rule.check(min_updates)
             except ValueError as e:
-                raise ValueError(f"{e} (rounds may close with as few as min_updates={min_updates} updates)") from None
+                raise ValueError(f"{self._under_options(str(e))} (rounds may close with as few as "
+                                 f"min_updates={min_updates} updates)") from None
         return self
+
+    def _under_options(self, message: str) -> str:
+        """A rule's check message (it starts with its option's name) with the option's path in the section."""
+        field_name = message.partition(":")[0]
+        return f"options.{message}" if field_name in option_names(RULES, self.rule) else message
 
 
 @dataclass(frozen=True)
@@ -143,9 +160,11 @@ RuleFactory = Callable[[AggregationConfig], Rule]
 RULES: Registry[RuleFactory] = Registry("aggregation rule", ValueError)
 
 
-def register_rule(name: str, factory: RuleFactory, *, summary: str = "", replace: bool = False) -> None:
-    """Make ``AggregationConfig(rule=name)`` build ``factory(config)`` (``summary``: one line for the docs)."""
-    RULES.add(name, factory, summary=summary, replace=replace)
+def register_rule(name: str, factory: RuleFactory, *, options: type | None = None, summary: str = "",
+                  replace: bool = False) -> None:
+    """Make ``AggregationConfig(rule=name)`` build ``factory(config)``; ``options``: the rule's frozen options
+    dataclass (``config.options`` is one), ``summary``: one line for the docs."""
+    RULES.add(name, factory, options=options, summary=summary, replace=replace)
 
 
 def unregister_rule(name: str) -> None:

@@ -36,6 +36,8 @@ from fedcore.aggregation.order import (
     order_workspace,
     trimmed_sum,
 )
+from fedcore.errors import ConfigError
+from fedcore.registry import options_as
 
 # Elements ([n, c] values) per column chunk of Krum's distance computation.
 CHUNK_ELEMS = 1 << 20
@@ -337,21 +339,98 @@ class KNorm:
         return RuleOutput(weighted_mean_rows(updates, weights, rows), num_excluded=self.k, selected=tuple(rows))
 
 
+# ---- options: each rule's frozen options dataclass (``aggregation.options``), registered with it ----
+
+
+@dataclass(frozen=True)
+class TrimmedMeanOptions:
+    """trimmed_mean's options."""
+
+    # Drop the trim_m largest and trim_m smallest values of every coordinate, or a fraction (floor(trim_fraction
+    # * n) per side, n = updates received). Set at most one; neither means fraction 0.1.
+    trim_m: int | None = None
+    trim_fraction: float | None = None
+
+    def validate(self) -> None:
+        if self.trim_m is not None and self.trim_fraction is not None:
+            raise ConfigError("trim_m", f"set trim_m or trim_fraction, not both (got trim_m={self.trim_m}, "
+                                        f"trim_fraction={self.trim_fraction})")
+        if self.trim_m is not None and self.trim_m < 0:
+            raise ConfigError("trim_m", f"must be >= 0, got {self.trim_m}")
+        if self.trim_fraction is not None and not (0.0 <= self.trim_fraction < 0.5):
+            raise ConfigError("trim_fraction", f"must be in [0, 0.5), got {self.trim_fraction}")
+
+
+@dataclass(frozen=True)
+class KrumOptions:
+    """krum's and bulyan's options."""
+
+    # The number f of assumed Byzantine clients.
+    krum_f: int = 1
+
+    def validate(self) -> None:
+        if self.krum_f < 0:
+            raise ConfigError("krum_f", f"must be >= 0, got {self.krum_f}")
+
+
+@dataclass(frozen=True)
+class MultiKrumOptions(KrumOptions):
+    """multi_krum's options: Krum's f, and the number m of best-scored updates averaged."""
+
+    # The number m of best-scored updates to average; None keeps n - f.
+    multi_krum_m: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.multi_krum_m is not None and self.multi_krum_m < 1:
+            raise ConfigError("multi_krum_m", f"must be >= 1 (or None for n - f), got {self.multi_krum_m}")
+
+
+@dataclass(frozen=True)
+class KNormOptions:
+    """knorm's options."""
+
+    # Discard the knorm_k updates with the largest L2 norms, average the rest.
+    knorm_k: int = 1
+
+    def validate(self) -> None:
+        if self.knorm_k < 0:
+            raise ConfigError("knorm_k", f"must be >= 0, got {self.knorm_k}")
+
+
 # ---- registrations ----
 
 def _trimmed(c: AggregationConfig) -> Rule:
-    if c.trim_m is not None:
-        return TrimmedMean(trim_m=c.trim_m)
-    return TrimmedMean(trim_fraction=0.1 if c.trim_fraction is None else c.trim_fraction)
+    o = options_as(c.options, TrimmedMeanOptions, "aggregation.options")
+    if o.trim_m is not None:
+        return TrimmedMean(trim_m=o.trim_m)
+    return TrimmedMean(trim_fraction=0.1 if o.trim_fraction is None else o.trim_fraction)
+
+
+def _krum(c: AggregationConfig) -> Rule:
+    return Krum(f=options_as(c.options, KrumOptions, "aggregation.options").krum_f)
+
+
+def _multi_krum(c: AggregationConfig) -> Rule:
+    o = options_as(c.options, MultiKrumOptions, "aggregation.options")
+    return MultiKrum(f=o.krum_f, m=o.multi_krum_m)
+
+
+def _bulyan(c: AggregationConfig) -> Rule:
+    return Bulyan(f=options_as(c.options, KrumOptions, "aggregation.options").krum_f)
+
+
+def _knorm(c: AggregationConfig) -> Rule:
+    return KNorm(k=options_as(c.options, KNormOptions, "aggregation.options").knorm_k)
 
 
 register_rule("fedavg", lambda c: FedAvg(), summary="the mean of the updates, weighted by n_i (weighted) or plain")
 register_rule("median", lambda c: Median(), summary="the coordinate-wise median")
-register_rule("trimmed_mean", _trimmed, summary="the coordinate-wise mean without the trim_m (or trim_fraction) "
-              "largest and smallest values")
-register_rule("krum", lambda c: Krum(f=c.krum_f), summary="the one update closest to its n - krum_f - 2 neighbours")
-register_rule("multi_krum", lambda c: MultiKrum(f=c.krum_f, m=c.multi_krum_m),
+register_rule("trimmed_mean", _trimmed, options=TrimmedMeanOptions, summary="the coordinate-wise mean without the "
+              "trim_m (or trim_fraction) largest and smallest values")
+register_rule("krum", _krum, options=KrumOptions, summary="the one update closest to its n - krum_f - 2 neighbours")
+register_rule("multi_krum", _multi_krum, options=MultiKrumOptions,
               summary="the mean of the multi_krum_m best-scored updates by Krum's score")
-register_rule("bulyan", lambda c: Bulyan(f=c.krum_f), summary="repeated Krum, then the coordinate-wise mean of the "
+register_rule("bulyan", _bulyan, options=KrumOptions, summary="repeated Krum, then the coordinate-wise mean of the "
               "values closest to the median")
-register_rule("knorm", lambda c: KNorm(k=c.knorm_k), summary="the mean without the knorm_k updates of largest norm")
+register_rule("knorm", _knorm, options=KNormOptions, summary="the mean without the knorm_k updates of largest norm")

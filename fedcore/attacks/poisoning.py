@@ -32,13 +32,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
 from fedcore.aggregation.config import Rule
 from fedcore.data.base import ClientData
-from fedcore.registry import Registry
+from fedcore.errors import ConfigError
+from fedcore.options import decode_fields, join
+from fedcore.registry import Registry, fold_flat_options, options_as
 from fedcore.seeds import ATTACK_EPOCH, derive_seed
+
+OptionsT = TypeVar("OptionsT")
 
 FLIPS = ("reverse", "swap", "directed", "all")
 # DistFL §5.5: labels 0-3 and 4-7 flipped mutually.
@@ -107,10 +112,71 @@ class AttackKind:
 
 
 ATTACKS: Registry[AttackKind] = Registry("attack", AttackError)
+
+
+# ---- options: each kind's frozen options dataclass (``attack.options``), registered with it ----
+
+
+@dataclass(frozen=True)
+class LabelFlipOptions:
+    """label_flip's options (and model_replacement's, whose malicious model trains on the flipped labels)."""
+
+    # The mapping: "reverse" | "swap" | "directed" | "all".
+    flip: str = "reverse"
+    # swap: pairs swapped both ways; directed: source -> target.
+    pairs: tuple[tuple[int, int], ...] = ()
+    # flip = "all": the label every sample gets.
+    target: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pairs", tuple((int(a), int(b)) for a, b in self.pairs))
+
+    def validate(self) -> None:
+        if self.flip not in FLIPS:
+            raise ConfigError("flip", f"one of {', '.join(FLIPS)}, got {self.flip!r}")
+        if self.flip in ("swap", "directed") and not self.pairs:
+            raise ConfigError("pairs", f"flip={self.flip!r} needs at least one (a, b) pair")
+        if self.flip == "swap":
+            seen = [c for p in self.pairs for c in p]
+            if len(seen) != len(set(seen)):
+                raise ConfigError("pairs", f"swapped pairs must be disjoint, got {list(self.pairs)}")
+        if self.flip == "directed":
+            sources = [a for a, _ in self.pairs]
+            if len(sources) != len(set(sources)):
+                raise ConfigError("pairs", f"a source class appears twice in {list(self.pairs)}")
+
+
+@dataclass(frozen=True)
+class BackdoorOptions:
+    """backdoor's options."""
+
+    # Source -> target class pairs (empty = LINDT's CIFAR-10 deer -> horse, dog -> frog).
+    pairs: tuple[tuple[int, int], ...] = ()
+    # Poisoned samples in every batch of batch_size.
+    poison_per_batch: int = 3
+    batch_size: int = 10
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pairs", tuple((int(a), int(b)) for a, b in self.pairs))
+
+    def validate(self) -> None:
+        if not 0 < self.poison_per_batch < self.batch_size:
+            raise ConfigError("poison_per_batch", f"must be in [1, batch_size={self.batch_size}), "
+                                                  f"got {self.poison_per_batch}")
+
+
 ATTACKS.add("none", AttackKind(), summary="no attack (fake_beta_hat alone may fabricate the reported β̂)")
-ATTACKS.add("label_flip", AttackKind(flips_labels=True), summary="trains on labels flipped by attack.flip")
-ATTACKS.add("backdoor", AttackKind(backdoor=True),
-            summary="trains on batches holding attack.poison_per_batch relabelled source-class samples")
+ATTACKS.add("label_flip", AttackKind(flips_labels=True), options=LabelFlipOptions,
+            summary="trains on labels flipped by attack.options.flip")
+ATTACKS.add("backdoor", AttackKind(backdoor=True), options=BackdoorOptions,
+            summary="trains on batches holding attack.options.poison_per_batch relabelled source-class samples")
+
+# The flat keys ``[attack]`` held before each kind owned its options, with their old defaults: still read, into the
+# chosen kind's ``options`` (fold_flat_options).
+LEGACY_ATTACK_OPTIONS: dict[str, Any] = {
+    "flip": "reverse", "pairs": (), "target": 0, "poison_per_batch": 3, "batch_size": 10, "boost": 10.0,
+    "stat_b": 2.0, "dev_type": "std", "gamma_init": 10.0, "gamma_tol": 1e-5, "estimate_shards": 4,
+    "assumed_rule": "trimmed_mean", "assumed_attackers": 2}
 
 
 @dataclass(frozen=True)
@@ -118,47 +184,31 @@ class AttackConfig:
     # The attack: "none", a data-poisoning kind ("label_flip", "backdoor") or a model-poisoning kind
     # ("model_replacement", "stat_opt", "dyn_opt").
     kind: str = "none"
-    # label_flip mapping: "reverse" | "swap" | "directed" | "all"
-    flip: str = "reverse"
-    # swap: pairs swapped both ways; directed: source -> target; backdoor: source -> target (empty = LINDT's)
-    pairs: tuple[tuple[int, int], ...] = ()
-    # flip="all": the label every sample gets
-    target: int = 0
-    # backdoor: poisoned samples in every batch of batch_size
-    poison_per_batch: int = 3
-    batch_size: int = 10
+    # The kind's options (a table; e.g. {flip = "swap", pairs = [[0, 4]]} for label_flip, {boost = 5.0} for
+    # model_replacement): the frozen options dataclass the kind registered (listed under "Plugins" below), validated
+    # by it. Unset: the kind's defaults. The old flat keys (attack.flip, pairs, target, poison_per_batch,
+    # batch_size, boost, stat_b, dev_type, gamma_init, gamma_tol, estimate_shards, assumed_rule, assumed_attackers)
+    # are still read into it.
+    options: Any = None
     # epochs an attacker trains per round; 0 keeps the federation's local_epochs (LINDT attackers: 5)
     local_epochs_override: int = 0
     # Attack on NFL detection (FL-GUARD §4.1): report this beta_hat_i with every update instead of the measured
     # one (NaN: report the truth). Combines with any kind, or alone (kind "none").
     fake_beta_hat: float = math.nan
-    # ---- model poisoning (kind model_replacement, stat_opt, dyn_opt; fedcore.attacks.model_poisoning) ----
-    # Where the benign statistics come from: "partial" (the attacker's own honest training on shards of its data)
-    # or "full" (simulation only: the server-side harness [simulation_harness] crafts the row from the round's
-    # benign updates; the client sends its honest update).
+    # Model poisoning (model_replacement, stat_opt, dyn_opt; fedcore.attacks.model_poisoning): where the benign
+    # statistics come from: "partial" (the attacker's own honest training on shards of its data) or "full"
+    # (simulation only: the server-side harness [simulation_harness] crafts the row from the round's benign updates;
+    # the client sends its honest update). Shared by the three kinds, so it stays beside kind.
     knowledge: str = "partial"
-    # model_replacement: the malicious update (trained on labels flipped by ``flip``) is multiplied by this.
-    boost: float = 10.0
-    # stat_opt (full knowledge): malicious values between the benign extreme and the extreme scaled by b.
-    stat_b: float = 2.0
-    # dyn_opt: perturbation direction "std" | "sign" | "unit", and the halving search's start gamma_init and
-    # tolerance gamma_tol.
-    dev_type: str = "std"
-    gamma_init: float = 10.0
-    gamma_tol: float = 1e-5
-    # partial knowledge: honest updates on this many disjoint shards of the attacker's data form the benign sample.
-    estimate_shards: int = 4
-    # The server's rule as the adversary assumes it (HYDRA-FL: trimmed mean) and the number of malicious rows it
-    # assumes beside the benign ones (assumed_attackers: trimmed_mean's trim_m, krum's f).
-    assumed_rule: str = "trimmed_mean"
-    assumed_attackers: int = 2
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pairs", tuple((int(a), int(b)) for a, b in self.pairs))
         if self.kind not in ATTACKS:
             raise AttackError(f"attack.kind: one of {', '.join(ATTACKS.names())}, got {self.kind!r}")
-        if self.flip not in FLIPS:
-            raise AttackError(f"attack.flip: one of {', '.join(FLIPS)}, got {self.flip!r}")
+        try:
+            object.__setattr__(self, "options", ATTACKS.coerce_options(self.kind, self.options, "options"))
+            ATTACKS.validate_options(self.kind, self.options, "options")
+        except ConfigError as e:
+            raise AttackError(str(e.under("attack"))) from None
         if not (math.isnan(self.fake_beta_hat) or -1.0 <= self.fake_beta_hat <= 1.0):
             raise AttackError(f"attack.fake_beta_hat: must be in [-1, 1] (or nan: no fabrication), "
                               f"got {self.fake_beta_hat}")
@@ -170,19 +220,22 @@ class AttackConfig:
                 raise AttackError(str(e)) from None
         if self.local_epochs_override < 0:
             raise AttackError(f"attack.local_epochs_override: must be >= 0, got {self.local_epochs_override}")
-        if self.kind_.backdoor and not 0 < self.poison_per_batch < self.batch_size:
-            raise AttackError(f"attack.poison_per_batch: must be in [1, batch_size={self.batch_size}), "
-                              f"got {self.poison_per_batch}")
-        if self.flips_labels and self.flip in ("swap", "directed") and not self.pairs:
-            raise AttackError(f"attack.pairs: flip={self.flip!r} needs at least one (a, b) pair")
-        if self.flips_labels and self.flip == "swap":
-            seen = [c for p in self.pairs for c in p]
-            if len(seen) != len(set(seen)):
-                raise AttackError(f"attack.pairs: swapped pairs must be disjoint, got {list(self.pairs)}")
-        if self.flips_labels and self.flip == "directed":
-            sources = [a for a, _ in self.pairs]
-            if len(sources) != len(set(sources)):
-                raise AttackError(f"attack.pairs: a source class appears twice in {list(self.pairs)}")
+
+    @classmethod
+    def from_table(cls, data: Mapping[str, Any], path: str = "") -> AttackConfig:
+        """The section from a TOML table / dict: ``options`` parsed and validated by the kind
+        (:meth:`Registry.parse_options`, errors name ``attack.options.<field>``), the old flat keys of
+        :data:`LEGACY_ATTACK_OPTIONS` moved into it first (:func:`fold_flat_options`)."""
+        table = fold_flat_options(ATTACKS, data.get("kind", "none"), data, LEGACY_ATTACK_OPTIONS, path=path)
+        options = table.pop("options", None)
+        kind = table.get("kind", "none")
+        if isinstance(kind, str) and kind in ATTACKS:
+            options = ATTACKS.parse_options(kind, options, join(path, "options"))
+        return decode_fields(cls, {**table, "options": options}, path)
+
+    def options_as(self, cls: type[OptionsT]) -> OptionsT:
+        """The kind's options, typed (``cls``: the options dataclass the reader expects)."""
+        return options_as(self.options, cls, "attack.options")
 
     @property
     def kind_(self) -> AttackKind:
@@ -209,23 +262,33 @@ class AttackConfig:
         return not math.isnan(self.fake_beta_hat)
 
     @property
+    def flip_options(self) -> LabelFlipOptions:
+        """The label-flip options of a kind that flips labels (label_flip, model_replacement)."""
+        return self.options_as(LabelFlipOptions)
+
+    @property
+    def backdoor_options(self) -> BackdoorOptions:
+        return self.options_as(BackdoorOptions)
+
+    @property
     def backdoor_pairs(self) -> tuple[tuple[int, int], ...]:
-        return self.pairs or LINDT_BACKDOOR_PAIRS
+        return self.backdoor_options.pairs or LINDT_BACKDOOR_PAIRS
 
     @classmethod
     def reverse_flip(cls, local_epochs_override: int = 0) -> AttackConfig:
-        return cls(kind="label_flip", flip="reverse", local_epochs_override=local_epochs_override)
+        return cls(kind="label_flip", options=LabelFlipOptions(flip="reverse"),
+                   local_epochs_override=local_epochs_override)
 
     @classmethod
     def distfl_flip(cls) -> AttackConfig:
         """DistFL's label flipping: 0-3 <-> 4-7."""
-        return cls(kind="label_flip", flip="swap", pairs=DISTFL_FLIP_PAIRS)
+        return cls(kind="label_flip", options=LabelFlipOptions(flip="swap", pairs=DISTFL_FLIP_PAIRS))
 
     @classmethod
     def lindt_backdoor(cls) -> AttackConfig:
         """LINDT's CIFAR-10 backdoor: deer -> horse, dog -> frog, 3 per batch of 10, 5 local epochs."""
-        return cls(kind="backdoor", pairs=LINDT_BACKDOOR_PAIRS, poison_per_batch=3, batch_size=10,
-                   local_epochs_override=5)
+        return cls(kind="backdoor", options=BackdoorOptions(pairs=LINDT_BACKDOOR_PAIRS, poison_per_batch=3,
+                                                            batch_size=10), local_epochs_override=5)
 
 
 def _check_classes(classes: Sequence[int], num_classes: int, what: str) -> None:
@@ -243,19 +306,20 @@ def label_mapping(config: AttackConfig, num_classes: int) -> torch.Tensor:
     if not (config.flips_labels or config.kind_.backdoor):
         return lut
     if config.kind_.backdoor:
-        _check_classes([c for p in config.backdoor_pairs for c in p], num_classes, "attack.pairs")
+        _check_classes([c for p in config.backdoor_pairs for c in p], num_classes, "attack.options.pairs")
         for s, t in config.backdoor_pairs:
             lut[s] = t
         return lut
-    if config.flip == "reverse":
+    flip = config.flip_options
+    if flip.flip == "reverse":
         return num_classes - 1 - lut
-    if config.flip == "all":
-        _check_classes([config.target], num_classes, "attack.target")
-        return torch.full((num_classes,), config.target, dtype=torch.int64)
-    _check_classes([c for p in config.pairs for c in p], num_classes, "attack.pairs")
-    for a, b in config.pairs:
+    if flip.flip == "all":
+        _check_classes([flip.target], num_classes, "attack.options.target")
+        return torch.full((num_classes,), flip.target, dtype=torch.int64)
+    _check_classes([c for p in flip.pairs for c in p], num_classes, "attack.options.pairs")
+    for a, b in flip.pairs:
         lut[a] = b
-        if config.flip == "swap":
+        if flip.flip == "swap":
             lut[b] = a
     return lut
 
@@ -379,7 +443,7 @@ def backdoor_batches(data: ClientData, config: AttackConfig, seed: int,
     if not config.kind_.backdoor:
         raise AttackError(f"backdoor_batches needs kind='backdoor', got {config.kind!r}")
     pairs = config.backdoor_pairs
-    _check_classes([c for p in pairs for c in p], data.num_classes, "attack.pairs")
+    _check_classes([c for p in pairs for c in p], data.num_classes, "attack.options.pairs")
     xp, yp = backdoor_set(data.x_train, data.y_train, pairs)
     if extra is not None:
         xp, yp = torch.cat([xp, extra[0]]), torch.cat([yp, extra[1]])
@@ -388,7 +452,8 @@ def backdoor_batches(data: ClientData, config: AttackConfig, seed: int,
     x_clean, y_clean = data.x_train[keep], data.y_train[keep]
     if len(y_clean) == 0:  # nothing but source classes: the backdoor samples are all there is to learn
         x_clean, y_clean = xp, yp
-    return BackdoorBatches(x_clean, y_clean, xp, yp, config.batch_size, config.poison_per_batch, seed)
+    options = config.backdoor_options
+    return BackdoorBatches(x_clean, y_clean, xp, yp, options.batch_size, options.poison_per_batch, seed)
 
 
 def poisoned_batches(data: ClientData, config: AttackConfig, batch_size: int, seed: int, epoch: int = 0,
@@ -396,7 +461,7 @@ def poisoned_batches(data: ClientData, config: AttackConfig, batch_size: int, se
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """One epoch of the attacker's training batches under ``config`` (clean batches when ``kind="none"``).
 
-    For a backdoor the batch size is ``config.batch_size`` (the recipe's 10); ``batch_size`` applies otherwise.
+    For a backdoor the batch size is ``config.options.batch_size`` (the recipe's 10); ``batch_size`` applies otherwise.
     """
     if config.kind_.backdoor:
         return backdoor_batches(data, config, seed, extra).epoch(epoch)

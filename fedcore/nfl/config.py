@@ -13,12 +13,14 @@ importing the detectors: nothing here imports upward and no import circle forms.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedcore.checks import is_int
-from fedcore.errors import require
-from fedcore.registry import Registry
+from fedcore.errors import ConfigError, require
+from fedcore.options import decode_fields, join
+from fedcore.registry import Registry, fold_flat_options
 
 if TYPE_CHECKING:
     from fedcore.nfl.detectors import DetectorStep
@@ -34,6 +36,10 @@ MODES = (DETECT_AND_RECOVER, ALWAYS_RECOVER, OFF)
 LONG_TERM = "long-term"
 SHORT_TERM = "short-term"
 RECOVERY_STRATEGIES = (LONG_TERM, SHORT_TERM)
+
+# The flat keys ``[nfl]`` held before each detector owned its options, with their old defaults: still read, into the
+# chosen detector's ``detector_options`` (fold_flat_options).
+LEGACY_DETECTOR_OPTIONS: dict[str, Any] = {"warmup": 5, "plateau_rounds": 2, "cusum_k": 0.05, "cusum_h": 2.0}
 
 # The NFL detectors by name (``nfl.detector``); fedcore.nfl.detectors registers the built-in ones.
 DETECTORS: Registry[DetectorStep] = Registry("NFL detector", ValueError)
@@ -68,17 +74,29 @@ class NflConfig:
     # has been observed in this many consecutive rounds (the paper uses 10). 0 disables the stop rule (recovery,
     # once started, then never stops, as with long-term). Ignored by the beta_hat detector.
     delta_stop_rounds: int = 10
-    # beta_hat_warmup: the first `warmup` rounds with a β̂ (the start-up, while the young global model is still
-    # worse than the clients' private models) neither count nor stay in the β̂ window.
-    warmup: int = 5
-    # beta_hat_plateau: counting starts once β̂ has stopped rising -- at the first round where the mean of the
-    # last k round medians is not above the mean of the k before them (k = plateau_rounds); the β̂ window
-    # restarts there. docs/results/nfl_guard.md compares the guards.
-    plateau_rounds: int = 2
-    # beta_hat_cusum: one-sided CUSUM on the round medians, S = max(0, S - median - cusum_k); NFL is reported when
-    # S > cusum_h.
-    cusum_k: float = 0.05
-    cusum_h: float = 2.0
+    # The detector's options (a table; e.g. {warmup = 5} for beta_hat_warmup, {plateau_rounds = 2} for
+    # beta_hat_plateau, {cusum_k = 0.05, cusum_h = 2.0} for beta_hat_cusum): the frozen options dataclass the detector
+    # registered (listed under "Plugins" below), validated by it. Unset: the detector's defaults. The old flat keys
+    # (nfl.warmup, plateau_rounds, cusum_k, cusum_h) are still read into it.
+    detector_options: Any = None
+
+    def __post_init__(self) -> None:
+        self.detector_options = DETECTORS.coerce_options(self.detector, self.detector_options, "detector_options")
+
+    @classmethod
+    def from_table(cls, data: Mapping[str, Any], path: str = "") -> NflConfig:
+        """The section from a TOML table / dict: ``detector_options`` parsed and validated by the detector
+        (:meth:`Registry.parse_options`, errors name ``nfl.detector_options.<field>``), the old flat keys of
+        :data:`LEGACY_DETECTOR_OPTIONS` moved into it first (:func:`fold_flat_options`)."""
+        table = fold_flat_options(DETECTORS, data.get("detector", "beta_hat_plateau"), data, LEGACY_DETECTOR_OPTIONS,
+                                  path=path, options_key="detector_options")
+        options = table.pop("detector_options", None)
+        config = decode_fields(cls, table, path)
+        if config.detector in DETECTORS:
+            options = DETECTORS.parse_options(config.detector, options, join(path, "detector_options"))
+        if options is not None:
+            config.detector_options = options
+        return config
 
     def validate(self, prefix: str = "nfl") -> NflConfig:
         """Check every field (:func:`validate_nfl_config`); returns ``self``."""
@@ -105,9 +123,9 @@ def validate_nfl_config(c: NflConfig, prefix: str = "nfl") -> None:
           f"one of {', '.join(repr(s) for s in RECOVERY_STRATEGIES)}, got {c.recovery!r}")
     check(is_int(c.delta_stop_rounds) and c.delta_stop_rounds >= 0, "delta_stop_rounds",
           f"must be an integer >= 0 (0 disables the stop rule), got {c.delta_stop_rounds!r}")
-    check(is_int(c.warmup) and c.warmup >= 0, "warmup", f"must be an integer >= 0, got {c.warmup!r}")
-    check(is_int(c.plateau_rounds) and c.plateau_rounds >= 1, "plateau_rounds",
-          f"must be an integer >= 1, got {c.plateau_rounds!r}")
-    for name, v, low in (("cusum_k", c.cusum_k, -math.inf), ("cusum_h", c.cusum_h, 0.0)):
-        check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= low, name,
-              f"must be a finite number{'' if low == -math.inf else ' >= 0'}, got {v!r}")
+    if c.detector in DETECTORS:
+        try:
+            c.detector_options = DETECTORS.coerce_options(c.detector, c.detector_options, "detector_options")
+        except ConfigError as e:
+            raise e.under(prefix) from None
+        DETECTORS.validate_options(c.detector, c.detector_options, f"{prefix}.detector_options")

@@ -81,9 +81,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedcore.checks import check_known_fields
+from fedcore.checks import check_known_fields, is_int
+from fedcore.errors import require
 from fedcore.nfl.config import ALWAYS_RECOVER, DETECT_AND_RECOVER, SHORT_TERM, NflConfig
 from fedcore.nfl.config import DETECTORS as DETECTORS  # re-exported: the registry the detectors below fill
+from fedcore.registry import options_as
 from fedcore.update_report import BetaHat
 
 REPORTED = "nfl.reported"
@@ -187,9 +189,11 @@ class NflState:
 # the β̂ window is updated) and returns the events. Runs only in mode detect-and-recover.
 DetectorStep = Callable[[NflState, NflObservation, NflConfig], list[NflEvent]]
 
-def register_detector(name: str, detector: DetectorStep, *, summary: str = "", replace: bool = False) -> None:
-    """Make ``detector`` selectable as ``nfl.detector = name`` (``summary``: one line for --help and the docs)."""
-    DETECTORS.add(name, detector, summary=summary, replace=replace)
+def register_detector(name: str, detector: DetectorStep, *, options: type | None = None, summary: str = "",
+                      replace: bool = False) -> None:
+    """Make ``detector`` selectable as ``nfl.detector = name``; ``options``: its frozen options dataclass
+    (``config.detector_options`` is one), ``summary``: one line for --help and the docs."""
+    DETECTORS.add(name, detector, options=options, summary=summary, replace=replace)
 
 
 def detector_names() -> list[str]:
@@ -292,15 +296,55 @@ def _guarded(armed: Callable[[NflState, float, NflConfig], bool], name: str) -> 
     return detector
 
 
+@dataclass(frozen=True)
+class WarmupOptions:
+    """beta_hat_warmup's options."""
+
+    # The first `warmup` rounds with a β̂ (the start-up, while the young global model is still worse than the
+    # clients' private models) neither count nor stay in the β̂ window.
+    warmup: int = 5
+
+    def validate(self) -> None:
+        require(is_int(self.warmup) and self.warmup >= 0, "warmup", f"must be an integer >= 0, got {self.warmup!r}")
+
+
+@dataclass(frozen=True)
+class PlateauOptions:
+    """beta_hat_plateau's options."""
+
+    # Counting starts once β̂ has stopped rising -- at the first round where the mean of the last k round medians
+    # is not above the mean of the k before them (k = plateau_rounds); the β̂ window restarts there.
+    # docs/results/nfl_guard.md compares the guards.
+    plateau_rounds: int = 2
+
+    def validate(self) -> None:
+        require(is_int(self.plateau_rounds) and self.plateau_rounds >= 1, "plateau_rounds",
+                f"must be an integer >= 1, got {self.plateau_rounds!r}")
+
+
+@dataclass(frozen=True)
+class CusumOptions:
+    """beta_hat_cusum's options."""
+
+    # One-sided CUSUM on the round medians, S = max(0, S - median - cusum_k); NFL is reported when S > cusum_h.
+    cusum_k: float = 0.05
+    cusum_h: float = 2.0
+
+    def validate(self) -> None:
+        for name, v, low in (("cusum_k", self.cusum_k, -math.inf), ("cusum_h", self.cusum_h, 0.0)):
+            require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= low, name,
+                    f"must be a finite number{'' if low == -math.inf else ' >= 0'}, got {v!r}")
+
+
 def _warmup_over(s: NflState, m: float, config: NflConfig) -> bool:
     """Armed at the first observed round after ``warmup`` observed rounds."""
-    return s.startup_seen > config.warmup
+    return s.startup_seen > options_as(config.detector_options, WarmupOptions, "nfl.detector_options").warmup
 
 
 def _plateau_reached(s: NflState, m: float, config: NflConfig) -> bool:
     """Armed once β̂ has stopped rising: the mean of the last k round medians (this one included) is not above the
     mean of the k before them (k = ``plateau_rounds``; needs 2k observed rounds)."""
-    k = config.plateau_rounds
+    k = options_as(config.detector_options, PlateauOptions, "nfl.detector_options").plateau_rounds
     s.startup.append(m)
     del s.startup[:-2 * k]
     if len(s.startup) < 2 * k:
@@ -308,13 +352,13 @@ def _plateau_reached(s: NflState, m: float, config: NflConfig) -> bool:
     return math.fsum(s.startup[k:]) <= math.fsum(s.startup[:k])
 
 
-register_detector("beta_hat_warmup", _guarded(_warmup_over, "beta_hat_warmup"),
-                  summary="beta_hat, the first nfl.warmup rounds with a β̂ not counted")
-register_detector("beta_hat_plateau", _guarded(_plateau_reached, "beta_hat_plateau"),
+register_detector("beta_hat_warmup", _guarded(_warmup_over, "beta_hat_warmup"), options=WarmupOptions,
+                  summary="beta_hat, the first nfl.detector_options.warmup rounds with a β̂ not counted")
+register_detector("beta_hat_plateau", _guarded(_plateau_reached, "beta_hat_plateau"), options=PlateauOptions,
                   summary="beta_hat, counting only once β̂ has stopped rising (the default)")
 
 
-@DETECTORS.register("beta_hat_cusum", summary="one-sided CUSUM on the round medians of β̂ᵢ")
+@DETECTORS.register("beta_hat_cusum", options=CusumOptions, summary="one-sided CUSUM on the round medians of β̂ᵢ")
 def beta_hat_cusum_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
     """One-sided CUSUM on the round medians (no start-up guard): S = max(0, S − m − k); NFL is reported when
     S > h. ``count``: the rounds with m < −k since the last reset. While reported, the paper's cancel rule (c
@@ -325,10 +369,11 @@ def beta_hat_cusum_step(s: NflState, obs: NflObservation, config: NflConfig) -> 
     r = obs.round
     if s.reported:
         return _toward_cancel(s, r, s.beta_hat, config, "beta_hat_cusum")
-    s.cusum = max(0.0, s.cusum - m - config.cusum_k)
-    if m < -config.cusum_k:
+    o = options_as(config.detector_options, CusumOptions, "nfl.detector_options")
+    s.cusum = max(0.0, s.cusum - m - o.cusum_k)
+    if m < -o.cusum_k:
         s.count += 1
-    if s.cusum <= config.cusum_h:
+    if s.cusum <= o.cusum_h:
         return []
     s.reported = s.recovery = True
     s.consecutive_ok, s.reported_round = 0, r

@@ -81,7 +81,7 @@ def test_aggregator_rejects_an_update_over_the_norm_ceiling(tmp_path: Path) -> N
 def test_impossible_aggregation_parameters_are_refused_at_config_time(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         server_config(tmp_path, rounds={"clients_per_round": 4}, aggregation={"rule": "krum", "krum_f": 2})
-    assert e.value.field == "aggregation.krum_f"
+    assert e.value.field == "aggregation.options.krum_f"  # the old flat key, named by its new place
     with pytest.raises(ConfigError) as e:
         server_config(tmp_path, aggregation={"clip_norm": 0.0})
     assert e.value.field == "aggregation.clip_norm"

@@ -47,7 +47,7 @@ def _final(config: ServerConfig) -> dict[str, torch.Tensor]:
 def test_partial_knowledge_dyn_opt_attackers_send_crafted_updates(tmp_path: Path) -> None:
     honest_rows, _ = _run(_config(tmp_path, "honest"), None)
     cfg = _config(tmp_path, "attacked")
-    rows, summaries = _run(cfg, AttackConfig(kind="dyn_opt", estimate_shards=3, assumed_attackers=2))
+    rows, summaries = _run(cfg, AttackConfig(kind="dyn_opt", options={"estimate_shards": 3, "assumed_attackers": 2}))
     assert [r.attackers for r in rows] == [2, 2, 2] and all(r.rejected == 0 for r in rows)
     assert [r.attackers for r in honest_rows] == [0, 0, 0]
     by_id = {s.client_id: s for s in summaries}

@@ -37,11 +37,11 @@ VARIANTS: dict[str, AggregationConfig] = {
     "fedavg-unweighted": AggregationConfig(weighted=False, sketch_dim=31),
     "fedavg-exact": AggregationConfig(exact_metrics=True),
     "median": AggregationConfig(rule="median"),
-    "trimmed_mean": AggregationConfig(rule="trimmed_mean", trim_m=2),
-    "krum": AggregationConfig(rule="krum", krum_f=1),
-    "multi_krum": AggregationConfig(rule="multi_krum", krum_f=2),
-    "bulyan": AggregationConfig(rule="bulyan", krum_f=1),
-    "knorm": AggregationConfig(rule="knorm", knorm_k=2),
+    "trimmed_mean": AggregationConfig(rule="trimmed_mean", options={"trim_m": 2}),
+    "krum": AggregationConfig(rule="krum", options={"krum_f": 1}),
+    "multi_krum": AggregationConfig(rule="multi_krum", options={"krum_f": 2}),
+    "bulyan": AggregationConfig(rule="bulyan", options={"krum_f": 1}),
+    "knorm": AggregationConfig(rule="knorm", options={"knorm_k": 2}),
 }
 VARIANTS.update({f"{name}+dp": _dp(cfg) for name, cfg in list(VARIANTS.items())})
 

@@ -83,7 +83,7 @@ def test_clipping_scales_exactly_to_s() -> None:
 def test_clip_then_robust_rule_then_noise() -> None:
     # LINDT-TM order: the huge row is clipped to S before the trimmed mean sees it, then noise is added.
     u = torch.tensor([[1.0], [2.0], [3.0], [1000.0]])
-    cfg = AggregationConfig(rule="trimmed_mean", trim_m=1, clip_norm=2.5, noise_sigma=0.1)
+    cfg = AggregationConfig(rule="trimmed_mean", options={"trim_m": 1}, clip_norm=2.5, noise_sigma=0.1)
     res = aggregate(cfg, u, [1.0] * 4, torch.zeros(1), torch.Generator().manual_seed(3))
     noise = torch.randn(1, generator=torch.Generator().manual_seed(3)) * 0.1
     # clipped: 1, 2, 2.5, 2.5 -> trimmed mean of 2, 2.5
@@ -177,7 +177,8 @@ def test_streaming_without_sketch_does_not_report_w_div() -> None:
 
 def test_metrics_norm_statistics_and_counts() -> None:
     u = torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 2.0], [100.0, 0.0], [0.0, -1.0]])
-    res = _feed(AggregationConfig(rule="knorm", knorm_k=1, clip_norm=3.0), u, [1.0] * 5).finalize(torch.zeros(2))
+    cfg = AggregationConfig(rule="knorm", options={"knorm_k": 1}, clip_norm=3.0)
+    res = _feed(cfg, u, [1.0] * 5).finalize(torch.zeros(2))
     m = res.metrics
     assert (m["update_norm_min"], m["update_norm_max"]) == (1.0, 100.0)
     assert m["update_norm_mean"] == pytest.approx((5 + 1 + 2 + 100 + 1) / 5)
@@ -235,7 +236,7 @@ def test_buffer_holds_at_most_k_updates_and_is_written_in_place() -> None:
 
 
 def test_finalize_with_too_few_updates_for_the_rule_is_a_clear_error() -> None:
-    agg = _feed(AggregationConfig(rule="krum", krum_f=2), _rows(0, 5, 4), [1.0] * 5, k=10)
+    agg = _feed(AggregationConfig(rule="krum", options={"krum_f": 2}), _rows(0, 5, 4), [1.0] * 5, k=10)
     with pytest.raises(TooFewUpdatesError, match=r"krum_f: .*n=5.*closed with 5 of K=10"):
         agg.finalize(torch.zeros(4))
     with pytest.raises(TooFewUpdatesError, match="no updates"):
@@ -243,7 +244,8 @@ def test_finalize_with_too_few_updates_for_the_rule_is_a_clear_error() -> None:
 
 
 def test_trim_fraction_adapts_to_the_actual_count() -> None:
-    agg = _feed(AggregationConfig(rule="trimmed_mean", trim_fraction=0.2), torch.tensor([[1.0], [2.0], [9.0]]),
+    agg = _feed(AggregationConfig(rule="trimmed_mean", options={"trim_fraction": 0.2}),
+                torch.tensor([[1.0], [2.0], [9.0]]),
                 [1.0] * 3, k=10)
     res = agg.finalize(torch.zeros(1))  # floor(0.2 * 3) = 0: plain mean
     torch.testing.assert_close(res.new_global, torch.tensor([4.0]))
@@ -256,15 +258,15 @@ def test_trim_fraction_adapts_to_the_actual_count() -> None:
     ("config", "k", "field"),
     [
         (AggregationConfig(rule="nope"), 10, "rule"),
-        (AggregationConfig(rule="trimmed_mean", trim_m=5), 10, "trim_m"),
-        (AggregationConfig(rule="trimmed_mean", trim_m=-1), 10, "trim_m"),
-        (AggregationConfig(rule="trimmed_mean", trim_m=1, trim_fraction=0.1), 10, "trim_m"),
-        (AggregationConfig(rule="trimmed_mean", trim_fraction=0.5), 10, "trim_fraction"),
-        (AggregationConfig(rule="krum", krum_f=4), 10, "krum_f"),
-        (AggregationConfig(rule="multi_krum", krum_f=1, multi_krum_m=10), 10, "multi_krum_m"),
-        (AggregationConfig(rule="multi_krum", multi_krum_m=0), 10, "multi_krum_m"),
-        (AggregationConfig(rule="bulyan", krum_f=2), 10, "krum_f"),
-        (AggregationConfig(rule="knorm", knorm_k=10), 10, "knorm_k"),
+        (AggregationConfig(rule="trimmed_mean", options={"trim_m": 5}), 10, "options.trim_m"),
+        (AggregationConfig(rule="trimmed_mean", options={"trim_m": -1}), 10, "options.trim_m"),
+        (AggregationConfig(rule="trimmed_mean", options={"trim_m": 1, "trim_fraction": 0.1}), 10, "options.trim_m"),
+        (AggregationConfig(rule="trimmed_mean", options={"trim_fraction": 0.5}), 10, "options.trim_fraction"),
+        (AggregationConfig(rule="krum", options={"krum_f": 4}), 10, "options.krum_f"),
+        (AggregationConfig(rule="multi_krum", options={"krum_f": 1, "multi_krum_m": 10}), 10, "options.multi_krum_m"),
+        (AggregationConfig(rule="multi_krum", options={"multi_krum_m": 0}), 10, "options.multi_krum_m"),
+        (AggregationConfig(rule="bulyan", options={"krum_f": 2}), 10, "options.krum_f"),
+        (AggregationConfig(rule="knorm", options={"knorm_k": 10}), 10, "options.knorm_k"),
         (AggregationConfig(clip_norm=0.0), 10, "clip_norm"),
         (AggregationConfig(clip_norm=-1.0), 10, "clip_norm"),
         (AggregationConfig(noise_sigma=-0.1), 10, "noise_sigma"),
@@ -284,17 +286,17 @@ def test_impossible_parameters_are_refused_naming_the_field(config: AggregationC
 
 def test_possible_parameters_pass() -> None:
     for cfg, k in [
-        (AggregationConfig(rule="trimmed_mean", trim_m=4), 10),
-        (AggregationConfig(rule="krum", krum_f=3), 9),
-        (AggregationConfig(rule="bulyan", krum_f=2), 11),
-        (AggregationConfig(rule="knorm", knorm_k=9), 10),
+        (AggregationConfig(rule="trimmed_mean", options={"trim_m": 4}), 10),
+        (AggregationConfig(rule="krum", options={"krum_f": 3}), 9),
+        (AggregationConfig(rule="bulyan", options={"krum_f": 2}), 11),
+        (AggregationConfig(rule="knorm", options={"knorm_k": 9}), 10),
         (AggregationConfig(clip_norm=15.0, noise_sigma=0.001), 1),
     ]:
         assert cfg.validate(k) is cfg
 
 
 def test_validate_against_min_updates() -> None:
-    cfg = AggregationConfig(rule="krum", krum_f=2)
+    cfg = AggregationConfig(rule="krum", options={"krum_f": 2})
     cfg.validate(10)
     with pytest.raises(ValueError, match=r"krum_f: .*min_updates=6"):
         cfg.validate(10, min_updates=6)
@@ -304,8 +306,8 @@ def test_server_config_refuses_an_impossible_aggregation() -> None:
     from fedcore.config import ConfigError, ServerConfig
 
     cfg = ServerConfig()
-    cfg.aggregation = AggregationConfig(rule="krum", krum_f=4)
-    with pytest.raises(ConfigError, match="krum_f"):
+    cfg.aggregation = AggregationConfig(rule="krum", options={"krum_f": 4})
+    with pytest.raises(ConfigError, match=r"^aggregation\.options\.krum_f: "):
         cfg.validate()
 
 

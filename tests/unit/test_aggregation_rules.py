@@ -45,10 +45,11 @@ ALL_RULES = {
 }
 
 
-def _run(rule: str, rows: Sequence[Sequence[float]], weights: list[float] | None = None, **kw: object) -> torch.Tensor:
+def _run(rule: str, rows: Sequence[Sequence[float]], weights: list[float] | None = None, weighted: bool = True,
+         **options: object) -> torch.Tensor:
     x = torch.tensor(rows, dtype=torch.float32)
     w = weights if weights is not None else [1.0] * len(rows)
-    cfg = AggregationConfig(rule=rule, **kw)  # type: ignore[arg-type]
+    cfg = AggregationConfig(rule=rule, weighted=weighted, options=options)
     return aggregate(cfg, x, w, torch.zeros(x.shape[1])).new_global
 
 
@@ -80,7 +81,8 @@ def test_trimmed_mean_by_count_and_fraction() -> None:
 def test_krum_hand_example() -> None:
     # n=5, f=1 -> 2 nearest neighbours; scores 5, 2, 5, 65, 82 -> row 1
     rows = [[0.0], [1.0], [2.0], [10.0], [11.0]]
-    res = aggregate(AggregationConfig(rule="krum", krum_f=1), torch.tensor(rows), [1.0] * 5, torch.zeros(1))
+    cfg = AggregationConfig(rule="krum", options={"krum_f": 1})
+    res = aggregate(cfg, torch.tensor(rows), [1.0] * 5, torch.zeros(1))
     torch.testing.assert_close(res.new_global, torch.tensor([1.0]))
     assert res.selected == (1,)
     assert res.metrics["num_excluded"] == 4
@@ -89,7 +91,7 @@ def test_krum_hand_example() -> None:
 def test_multi_krum_hand_example() -> None:
     rows = [[0.0], [1.0], [2.0], [10.0], [11.0]]
     # best three scores: rows 1 (2), 0 (5), 2 (5) -> weighted mean with weights 1, 1, 2
-    res = aggregate(AggregationConfig(rule="multi_krum", krum_f=1, multi_krum_m=3), torch.tensor(rows),
+    res = aggregate(AggregationConfig(rule="multi_krum", options={"krum_f": 1, "multi_krum_m": 3}), torch.tensor(rows),
                     [1.0, 1.0, 2.0, 1.0, 1.0], torch.zeros(1))
     assert res.selected == (0, 1, 2)
     torch.testing.assert_close(res.new_global, torch.tensor([(0 + 1 + 4) / 4]))
@@ -99,14 +101,15 @@ def test_multi_krum_hand_example() -> None:
 def test_bulyan_hand_example() -> None:
     # n=7, f=1: theta=5 chosen by repeated Krum = rows 0..4; beta=3 closest to the median 2 -> {1,2,3}
     rows = [[0.0, 5.0], [1.0, 5.0], [2.0, 5.0], [3.0, 5.0], [4.0, 5.0], [100.0, 5.0], [-100.0, 5.0]]
-    res = aggregate(AggregationConfig(rule="bulyan", krum_f=1), torch.tensor(rows), [1.0] * 7, torch.zeros(2))
+    cfg = AggregationConfig(rule="bulyan", options={"krum_f": 1})
+    res = aggregate(cfg, torch.tensor(rows), [1.0] * 7, torch.zeros(2))
     torch.testing.assert_close(res.new_global, torch.tensor([2.0, 5.0]))
     assert res.selected == (0, 1, 2, 3, 4)
     assert res.metrics["num_excluded"] == 2 and res.metrics["num_trimmed_per_coord"] == 2
 
 
 def test_knorm_hand_example() -> None:
-    res = aggregate(AggregationConfig(rule="knorm", knorm_k=1, weighted=False),
+    res = aggregate(AggregationConfig(rule="knorm", options={"knorm_k": 1}, weighted=False),
                     torch.tensor([[1.0, 0.0], [0.0, 2.0], [10.0, 10.0]]), [1.0] * 3, torch.zeros(2))
     torch.testing.assert_close(res.new_global, torch.tensor([0.5, 1.0]))
     assert res.selected == (0, 1) and res.metrics["num_excluded"] == 1
@@ -234,7 +237,7 @@ def test_permutation_invariance(seed: int, rule: str) -> None:
     x = _random_rows(seed, 7, 5)
     w = torch.rand(7, generator=torch.Generator().manual_seed(seed)) + 0.5
     perm = torch.randperm(7, generator=torch.Generator().manual_seed(seed + 1))
-    cfg = AggregationConfig(rule=rule, **ALL_RULES[rule])  # type: ignore[arg-type]
+    cfg = AggregationConfig(rule=rule, options=ALL_RULES[rule])
     a = aggregate(cfg, x, w, torch.zeros(5)).new_global
     b = aggregate(cfg, x[perm], w[perm], torch.zeros(5)).new_global
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -245,7 +248,7 @@ def test_permutation_invariance(seed: int, rule: str) -> None:
 def test_identical_updates_return_that_update(seed: int, rule: str, n: int) -> None:
     u = _random_rows(seed, 1, 6)[0] * 3
     x = u.repeat(n, 1)
-    cfg = AggregationConfig(rule=rule, **ALL_RULES[rule])  # type: ignore[arg-type]
+    cfg = AggregationConfig(rule=rule, options=ALL_RULES[rule])
     res = aggregate(cfg, x, [float(i + 1) for i in range(n)], torch.zeros(6))
     torch.testing.assert_close(res.new_global, u, rtol=1e-6, atol=1e-6)
     assert res.metrics["w_div"] == pytest.approx(0.0, abs=1e-5)
@@ -259,7 +262,8 @@ def test_median_and_trimmed_mean_unmoved_by_m_outliers(seed: int, m: int, scale:
     honest = _random_rows(seed, n - m, 8)
     outliers = _random_rows(seed + 7, m, 8) * scale
     x = torch.cat([honest, outliers])
-    cfg = AggregationConfig(rule=rule, trim_m=m if rule == "trimmed_mean" else None, max_update_norm=math.inf)
+    cfg = AggregationConfig(rule=rule, options={"trim_m": m} if rule == "trimmed_mean" else None,
+                            max_update_norm=math.inf)
     out = aggregate(cfg, x, [1.0] * n, torch.zeros(8)).new_global
     lo, hi = honest.min(dim=0).values, honest.max(dim=0).values
     assert bool((out >= lo - 1e-6).all()) and bool((out <= hi + 1e-6).all())
@@ -274,7 +278,7 @@ def test_krum_picks_from_the_honest_cluster(seed: int, f: int, extra: int, sprea
     attackers = (_random_rows(seed + 3, 1, 10) * spread).repeat(f, 1)
     x = torch.cat([attackers, honest])
     for rule in ("krum", "multi_krum"):
-        cfg = AggregationConfig(rule=rule, krum_f=f, max_update_norm=math.inf)
+        cfg = AggregationConfig(rule=rule, options={"krum_f": f}, max_update_norm=math.inf)
         res = aggregate(cfg, x, [1.0] * n, torch.zeros(10))
         assert res.selected is not None and all(i >= f for i in res.selected), (rule, res.selected)
 
@@ -286,7 +290,7 @@ def test_bulyan_output_stays_in_the_honest_range(f: int) -> None:
     n = 4 * f + 3
     honest = _random_rows(0, n - f, 10) * 0.1
     attackers = (_random_rows(1, 1, 10) * 100).repeat(f, 1)
-    res = aggregate(AggregationConfig(rule="bulyan", krum_f=f), torch.cat([attackers, honest]), [1.0] * n,
+    res = aggregate(AggregationConfig(rule="bulyan", options={"krum_f": f}), torch.cat([attackers, honest]), [1.0] * n,
                     torch.zeros(10))
     lo, hi = honest.min(dim=0).values, honest.max(dim=0).values
     assert bool((res.new_global >= lo).all()) and bool((res.new_global <= hi).all())

@@ -160,7 +160,7 @@ def test_a_closed_online_window_sends_nothing() -> None:
 
 def test_label_flip_trains_on_the_poisoned_data_only() -> None:
     ctx = _ctx()
-    attack = AttackConfig(kind="label_flip", flip="reverse")
+    attack = AttackConfig(kind="label_flip", options={"flip": "reverse"})
     poisoned = poison_client_data(ctx.data, attack)
     core = Core()
     chain([label_flip(poisoned)], core)(_task(ctx), ctx)
@@ -169,23 +169,24 @@ def test_label_flip_trains_on_the_poisoned_data_only() -> None:
 
 def test_backdoor_batches_and_an_attackers_epochs_reach_the_trainer() -> None:
     ctx = _ctx()
-    attack = AttackConfig(kind="backdoor", pairs=((0, 1),), local_epochs_override=4)
+    attack = AttackConfig(kind="backdoor", options={"pairs": ((0, 1),)}, local_epochs_override=4)
     core = Core()
     chain([backdoor(attack), attacker_epochs(attack)], core)(_task(ctx), ctx)
     task = core.tasks[0]
     assert task.local_epochs == 4 and task.batches is not None
     _, yb = next(iter(task.batches(0)))
-    assert len(yb) == attack.batch_size and int((yb == 1).sum()) >= attack.poison_per_batch
+    assert len(yb) == 10 and int((yb == 1).sum()) >= 3  # LINDT's recipe (the defaults): 3 of every 10 poisoned
     # Without an override the federation's epochs stay (the mod is not even added).
     plain = Core()
-    chain(attack_mods(AttackConfig(kind="backdoor", pairs=((0, 1),)), ctx.data), plain)(_task(ctx), ctx)
+    chain(attack_mods(AttackConfig(kind="backdoor", options={"pairs": ((0, 1),)}), ctx.data), plain)(_task(ctx), ctx)
     assert plain.tasks[0].local_epochs is None
 
 
 def test_model_replacement_sends_the_boosted_update_with_its_metric() -> None:
     ctx = _ctx()
     received = _task(ctx)
-    reply = chain([model_poisoning(AttackConfig(kind="model_replacement", boost=3.0))], Core())(received, ctx)
+    attack = AttackConfig(kind="model_replacement", options={"boost": 3.0})
+    reply = chain([model_poisoning(attack)], Core())(received, ctx)
     assert reply.outcome is not None and reply.outcome.report.extras == {"attack_boost": 3.0}
     assert reply.outcome.report.test_accuracy == 0.5
     for k, v in ctx.model.state_dict().items():  # w^{r-1} + 3 * (trained - w^{r-1}), trained = w^{r-1} + 1
@@ -226,4 +227,4 @@ def test_a_clients_chain_by_attack() -> None:
 def test_a_data_attack_the_data_cannot_carry_is_refused_at_set_up() -> None:
     only_class_3 = ClientData(torch.randn(8, 4), torch.full((8,), 3), torch.randn(2, 4), torch.full((2,), 3), 4)
     with pytest.raises(FedClientError, match="cannot run the backdoor attack"):
-        attack_mods(AttackConfig(kind="backdoor", pairs=((0, 1),)), only_class_3)
+        attack_mods(AttackConfig(kind="backdoor", options={"pairs": ((0, 1),)}), only_class_3)

@@ -154,8 +154,16 @@ def test_launcher_attack_table_layers_file_options_flags() -> None:
 
     base = {"gamma_tol": 0.001, "dev_type": "std"}
     table = attack_table(base, ["dev_type=unit", "gamma_init = 5.0"], "dyn_opt", "full")
-    assert table == {"gamma_tol": 0.001, "dev_type": "unit", "gamma_init": 5.0, "kind": "dyn_opt", "knowledge": "full"}
+    # the flat keys (file or --attack-set) go into the kind's options
+    assert table == {"options": {"gamma_tol": 0.001, "dev_type": "unit", "gamma_init": 5.0}, "kind": "dyn_opt",
+                     "knowledge": "full"}
     assert base["dev_type"] == "std"  # the experiment file's table is not changed
+    assert attack_table({"options": {"gamma_tol": 0.001}}, ["options.dev_type=unit"], "dyn_opt", None) == \
+        {"options": {"gamma_tol": 0.001, "dev_type": "unit"}, "kind": "dyn_opt"}
+    # a table shared by an experiment's arms: options of other kinds are left out, as they meant nothing before
+    assert attack_table({"options": {"gamma_tol": 0.001}}, [], "stat_opt", "full") == \
+        {"kind": "stat_opt", "knowledge": "full"}
+    assert attack_table({"gamma_tol": 0.001}, [], None, None) == {}
     assert attack_table({"kind": "stat_opt"}, [], None, None) == {"kind": "stat_opt"}
     with pytest.raises(ValueError, match="--attack-set: expected an attack option"):
         attack_table({}, ["a.b=1"], None, None)

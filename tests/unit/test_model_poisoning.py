@@ -22,7 +22,7 @@ from fedcore.attacks.model_poisoning import (
     stat_opt,
     weights_from_update,
 )
-from fedcore.config import ConfigError, ServerConfig, build_config
+from fedcore.config import ConfigError, ServerConfig, build_config, from_dict
 
 
 def test_model_replacement_scales_the_malicious_update() -> None:
@@ -152,33 +152,41 @@ def test_the_update_hook_by_kind_and_knowledge() -> None:
     assert poison_update(AttackConfig(), ctx) is None
     assert poison_update(AttackConfig(kind="label_flip"), ctx) is None
     assert poison_update(AttackConfig(kind="dyn_opt", knowledge="full"), ctx) is None
-    rep = poison_update(AttackConfig(kind="model_replacement", boost=4.0), ctx)
+    rep = poison_update(AttackConfig(kind="model_replacement", options={"boost": 4.0}), ctx)
     assert rep is not None and torch.equal(rep.weights["w"], torch.full((4,), 4.0))
-    dyn = poison_update(AttackConfig(kind="dyn_opt", estimate_shards=4, assumed_attackers=1), ctx)
+    dyn = poison_update(AttackConfig(kind="dyn_opt", options={"estimate_shards": 4, "assumed_attackers": 1}), ctx)
     assert dyn is not None and len(asked) == 4
     benign = torch.stack([torch.full((4,), float(i)) for i in (1, 2, 3, 4)])
     expected = dyn_opt(benign, 1, TrimmedMean(trim_m=1))
     assert torch.equal(dyn.weights["w"], expected.update) and dyn.metrics["attack_gamma"] == expected.gamma
     asked.clear()
-    stat = poison_update(AttackConfig(kind="stat_opt", estimate_shards=4), ctx)
+    stat = poison_update(AttackConfig(kind="stat_opt", options={"estimate_shards": 4}), ctx)
     assert stat is not None and bool((stat.weights["w"] < 0).all())  # mu > 0: pushed below mu - 3 sigma
 
 
 def test_attack_options_are_validated_with_the_field_named() -> None:
     bad: list[tuple[dict[str, Any], str]] = [
         ({"kind": "dyn_opt", "knowledge": "some"}, "attack.knowledge"),
-        ({"kind": "dyn_opt", "dev_type": "cos"}, "attack.dev_type"),
-        ({"kind": "model_replacement", "boost": 0.0}, "attack.boost"),
-        ({"kind": "stat_opt", "stat_b": 0.5}, "attack.stat_b"),
-        ({"kind": "dyn_opt", "gamma_init": -1.0}, "attack.gamma_init"),
-        ({"kind": "dyn_opt", "estimate_shards": 1}, "attack.estimate_shards"),
-        ({"kind": "dyn_opt", "assumed_rule": "nope"}, "attack.assumed_rule"),
-        ({"kind": "dyn_opt", "assumed_rule": "krum", "estimate_shards": 2}, "attack.assumed_rule"),
+        ({"kind": "dyn_opt", "dev_type": "cos"}, "attack.options.dev_type"),
+        ({"kind": "model_replacement", "boost": 0.0}, "attack.options.boost"),
+        ({"kind": "stat_opt", "stat_b": 0.5}, "attack.options.stat_b"),
+        ({"kind": "dyn_opt", "gamma_init": -1.0}, "attack.options.gamma_init"),
+        ({"kind": "dyn_opt", "estimate_shards": 1}, "attack.options.estimate_shards"),
+        ({"kind": "dyn_opt", "assumed_rule": "nope"}, "attack.options.assumed_rule"),
+        ({"kind": "dyn_opt", "assumed_rule": "krum", "estimate_shards": 2}, "attack.options.assumed_rule"),
+        ({"kind": "stat_opt", "dev_type": "unit"},
+         "attack.options.dev_type: attack 'stat_opt' has no option 'dev_type'"),
         ({"kind": "poison_everything"}, "attack.kind"),
     ]
-    for options, field in bad:
-        with pytest.raises(AttackError, match=field):
-            AttackConfig(**options)
+    for table, field in bad:
+        flat = {k: v for k, v in table.items() if k not in ("kind", "knowledge")}
+        shapes = [table] + ([{"kind": table["kind"], "options": flat}] if flat else [])
+        for shape in shapes:  # the old flat keys and the kind's options table fail alike, naming the new key
+            with pytest.raises(ValueError, match=field):
+                from_dict(AttackConfig, shape, "attack")
+        if flat and "has no option" not in field:
+            with pytest.raises(AttackError, match=rf"^{field}"):
+                AttackConfig(kind=table["kind"], options=flat)
     assert AttackConfig(kind="model_replacement").flips_labels
     assert AttackConfig(kind="stat_opt").poisons_model and not AttackConfig(kind="stat_opt").flips_labels
 
@@ -189,7 +197,7 @@ def test_full_knowledge_rows_replace_only_the_attackers() -> None:
     rows = torch.cat([_benign(6), torch.full((2, 30), 99.0)])
     keys = [f"c{i}" for i in range(8)]
     attack = AttackConfig(kind="stat_opt", knowledge="full")
-    rule = build_rule(AggregationConfig(rule="trimmed_mean", trim_m=2))
+    rule = build_rule(AggregationConfig(rule="trimmed_mean", options={"trim_m": 2}))
     out = full_knowledge_rows(rows, keys, {"c6", "c7"}, attack, rule, seed=3)
     assert out is not None and out.positions == (6, 7)
     expected = stat_opt(rows[:6], 2, torch.Generator().manual_seed(3), knowledge="full")
@@ -252,7 +260,7 @@ def test_the_oracle_defender_trims_the_rounds_attacker_count() -> None:
     assert oracle_trimmed_mean(tm, 10, 7).m(10) == 4  # type: ignore[attr-defined]  # capped at (n - 1) // 2
     krum = Krum(f=2)
     assert oracle_trimmed_mean(krum, 10, 5) is krum
-    agg = BufferedAggregator(AggregationConfig(rule="trimmed_mean", trim_m=1), 2, 5)
+    agg = BufferedAggregator(AggregationConfig(rule="trimmed_mean", options={"trim_m": 1}), 2, 5)
     for i in range(5):
         agg.add(torch.tensor([float(i), 0.0]), 1.0, f"c{i}")
     agg.use_rule(TrimmedMean(trim_m=2))

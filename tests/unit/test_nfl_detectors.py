@@ -29,6 +29,7 @@ from fedcore.nfl import (
     register_detector,
     step,
 )
+from fedcore.registry import option_names
 
 Row = tuple[float | None, float | None]  # (median β̂^r, Δ) of one round
 
@@ -41,6 +42,11 @@ def _feed(cfg: NflConfig, rows: Sequence[Row], state: NflState | None = None,
         s, ev = step(s, NflObservation(first_round + i, median, delta), cfg)
         events += ev
     return s, events
+
+
+def _own(detector: str, **options: object) -> dict[str, object]:
+    """Those of ``options`` that ``detector`` declares (one set of settings shared across detectors)."""
+    return {k: v for k, v in options.items() if k in option_names(DETECTORS, detector)}
 
 
 def _betas(cfg: NflConfig, medians: Sequence[float | None], state: NflState | None = None,
@@ -262,7 +268,8 @@ _value = st.one_of(st.none(), st.floats(-3, 3, allow_nan=False, width=32), st.sa
 def test_round_trip_property(rows: list[Row], data: st.DataObject, detector: str, recovery: str, nr: int, c: int,
                              stop: int) -> None:
     cfg = NflConfig(detector=detector, nr=nr, c=c, epsilon=0.5, r_prime=nr, recovery=recovery,
-                    delta_stop_rounds=stop, warmup=nr, plateau_rounds=c, cusum_h=0.5 * nr)
+                    delta_stop_rounds=stop,
+                    detector_options=_own(detector, warmup=nr, plateau_rounds=c, cusum_h=0.5 * nr))
     cut = data.draw(st.integers(0, len(rows)))
     ref, ref_ev = _feed(cfg, rows)
     s, ev1 = _feed(cfg, rows[:cut])

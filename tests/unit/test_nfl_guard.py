@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcore.config import ConfigError
+from fedcore.config import ConfigError, from_dict
 from fedcore.nfl import (
     CANCELLED,
+    DETECTORS,
     REPORTED,
     SHORT_TERM,
     STOPPED,
@@ -22,11 +23,18 @@ from fedcore.nfl import (
     NflEvent,
     NflObservation,
     NflState,
+    PlateauOptions,
     init,
     step,
 )
+from fedcore.registry import option_names
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _own(detector: str, **options: object) -> dict[str, object]:
+    """Those of ``options`` that ``detector`` declares (one set of settings shared across detectors)."""
+    return {k: v for k, v in options.items() if k in option_names(DETECTORS, detector)}
 
 
 def _betas(cfg: NflConfig, medians: Sequence[float | None], state: NflState | None = None,
@@ -55,18 +63,19 @@ def test_the_papers_rule_reports_the_healthy_start_up_the_guards_do_not() -> Non
     # running β̂ (mean of the last 3 medians): -0.75, -0.5625, -0.4167, -0.2083 (4th negative) -> reported at round
     # 4; then -0.0833, 0 (ok 1), 0.0833 (ok 2), 0.0833 (ok 3 = c) -> cancelled at round 8: the issue's false alarm
     assert [(e.kind, e.round, e.count) for e in ev] == [(REPORTED, 4, 4), (CANCELLED, 8, 3)]
-    for cfg in (NflConfig(detector="beta_hat_warmup", nr=3, c=3, warmup=3),
-                NflConfig(detector="beta_hat_plateau", nr=3, c=3, plateau_rounds=2)):
+    for cfg in (NflConfig(detector="beta_hat_warmup", nr=3, c=3, detector_options={"warmup": 3}),
+                NflConfig(detector="beta_hat_plateau", nr=3, c=3, detector_options={"plateau_rounds": 2})):
         s, ev = _betas(cfg, IDEAL)
         assert ev == [] and not s.reported and s.count <= 3, cfg.detector
     # ...and all of them report the NFL sequence, the guards later
-    rounds = {d: _betas(NflConfig(detector=d, nr=3, c=3, warmup=3, plateau_rounds=2), NFL)[1][0].round
+    rounds = {d: _betas(NflConfig(detector=d, nr=3, c=3, detector_options=_own(d, warmup=3, plateau_rounds=2)),
+                        NFL)[1][0].round
               for d in ("beta_hat", "beta_hat_warmup", "beta_hat_plateau")}
     assert rounds == {"beta_hat": 4, "beta_hat_warmup": 7, "beta_hat_plateau": 9}
 
 
 def test_warmup_skips_w_observed_rounds_then_restarts_the_window() -> None:
-    cfg = NflConfig(detector="beta_hat_warmup", nr=1, c=3, warmup=2)
+    cfg = NflConfig(detector="beta_hat_warmup", nr=1, c=3, detector_options={"warmup": 2})
     s, ev = _betas(cfg, [-1.0, None, -1.0])  # the missing round is not an observation: 2 observed, still warming up
     assert ev == [] and s.armed_round is None and s.startup_seen == 2 and s.count == 0
     assert s.medians == [-1.0, -1.0] and s.beta_hat == -1.0  # the common window still tracks them until arming
@@ -81,14 +90,14 @@ def test_warmup_zero_is_the_papers_rule() -> None:
     seq = [-0.5, 0.25, -0.25, -0.125, 0.5, 0.5, -1.0, -1.0, 0.25, 0.25, 0.25]
     for nr, c in ((0, 1), (1, 2), (2, 3)):
         paper = _betas(NflConfig(detector="beta_hat", nr=nr, c=c), seq)
-        warm = _betas(NflConfig(detector="beta_hat_warmup", nr=nr, c=c, warmup=0), seq)
+        warm = _betas(NflConfig(detector="beta_hat_warmup", nr=nr, c=c, detector_options={"warmup": 0}), seq)
         assert [(e.kind, e.round, e.value, e.count) for e in warm[1]] == \
                [(e.kind, e.round, e.value, e.count) for e in paper[1]]
         assert warm[0].armed_round == 1
 
 
 def test_plateau_arms_when_the_last_k_medians_are_not_above_the_k_before() -> None:
-    cfg = NflConfig(detector="beta_hat_plateau", nr=0, c=5, plateau_rounds=2)
+    cfg = NflConfig(detector="beta_hat_plateau", nr=0, c=5, detector_options={"plateau_rounds": 2})
     s, ev = _betas(cfg, [-0.75, -0.5, -0.25, 0.0, 0.25])
     # round 4: sum(-0.25, 0.0) = -0.25 > sum(-0.75, -0.5); round 5: sum(0.0, 0.25) > sum(-0.5, -0.25): rising
     assert s.armed_round is None and ev == [] and s.startup == [-0.5, -0.25, 0.0, 0.25]  # only the last 2k kept
@@ -103,7 +112,7 @@ def test_plateau_arms_when_the_last_k_medians_are_not_above_the_k_before() -> No
 
 
 def test_plateau_equal_halves_arm_and_a_rising_start_up_never_does() -> None:
-    cfg = NflConfig(detector="beta_hat_plateau", nr=5, c=5, plateau_rounds=1)
+    cfg = NflConfig(detector="beta_hat_plateau", nr=5, c=5, detector_options={"plateau_rounds": 1})
     assert _betas(cfg, [-0.5, -0.5])[0].armed_round == 2  # "not above": equal counts as stopped rising
     s, _ = _betas(cfg, [-1.0 + r / 64 for r in range(60)])  # strictly rising for 60 rounds
     assert s.armed_round is None and s.count == 0 and len(s.startup) == 2 and s.startup_seen == 60
@@ -115,7 +124,8 @@ def test_plateau_equal_halves_arm_and_a_rising_start_up_never_does() -> None:
        c=st.integers(1, 4), w=st.integers(0, 4), k=st.integers(1, 3))
 def test_once_armed_a_guard_is_the_papers_rule_on_the_medians_from_the_arming_round(
         medians: list[float | None], detector: str, nr: int, c: int, w: int, k: int) -> None:
-    cfg = NflConfig(detector=detector, nr=nr, c=c, warmup=w, plateau_rounds=k, recovery=SHORT_TERM)
+    cfg = NflConfig(detector=detector, nr=nr, c=c, detector_options=_own(detector, warmup=w, plateau_rounds=k),
+                    recovery=SHORT_TERM)
     s, ev = _betas(cfg, medians)
     if s.armed_round is None:
         assert ev == [] and s.count == 0
@@ -134,7 +144,7 @@ def test_once_armed_a_guard_is_the_papers_rule_on_the_medians_from_the_arming_ro
 
 
 def test_cancel_and_short_term_stop_behind_a_guard_are_the_papers() -> None:
-    cfg = NflConfig(detector="beta_hat_warmup", nr=0, c=2, warmup=1, recovery=SHORT_TERM)
+    cfg = NflConfig(detector="beta_hat_warmup", nr=0, c=2, detector_options={"warmup": 1}, recovery=SHORT_TERM)
     s, ev = _betas(cfg, [-1.0, -0.5, 1.0, 1.0, 1.0])
     # armed at round 2 (window [-0.5]): reported; β̂ after 3: 0.25, after 4: 1.0 -> cancel at round 4 (c = 2)
     assert [(e.kind, e.round) for e in ev] == [(REPORTED, 2), (CANCELLED, 4), (STOPPED, 4)]
@@ -142,7 +152,7 @@ def test_cancel_and_short_term_stop_behind_a_guard_are_the_papers() -> None:
 
 
 def test_cusum_accumulates_the_shortfall_and_reports_above_h() -> None:
-    cfg = NflConfig(detector="beta_hat_cusum", nr=0, c=2, cusum_k=0.125, cusum_h=1.0)
+    cfg = NflConfig(detector="beta_hat_cusum", nr=0, c=2, detector_options={"cusum_k": 0.125, "cusum_h": 1.0})
     s, ev = _betas(cfg, [-0.5, 0.25, -0.625, -0.625])
     # S: 0.375, 0 (max(0, 0.375 - 0.375)), 0.5, 1.0 (= h: not above)
     assert ev == [] and s.cusum == 1.0 and s.count == 3
@@ -159,14 +169,21 @@ def test_cusum_accumulates_the_shortfall_and_reports_above_h() -> None:
 def test_new_settings_are_validated_by_name() -> None:
     for field, value in (("warmup", -1), ("plateau_rounds", 0), ("cusum_h", -0.5), ("cusum_k", math.nan),
                          ("cusum_h", math.inf), ("warmup", 1.5)):
-        with pytest.raises(ConfigError) as e:
-            NflConfig(**{field: value}).validate()  # type: ignore[arg-type]
-        assert e.value.field == f"nfl.{field}"
+        detector = {"warmup": "beta_hat_warmup", "plateau_rounds": "beta_hat_plateau"}.get(field, "beta_hat_cusum")
+        for table in ({"detector": detector, "detector_options": {field: value}},
+                      {"detector": detector, field: value}):  # the old flat key: read into detector_options
+            with pytest.raises(ConfigError) as e:
+                from_dict(NflConfig, table, "nfl").validate()
+            assert e.value.field == f"nfl.detector_options.{field}"
+        if not isinstance(value, float) or field != "warmup":
+            with pytest.raises(ConfigError) as e:
+                NflConfig(detector=detector, detector_options={field: value}).validate()
+            assert e.value.field == f"nfl.detector_options.{field}"
 
 
 def test_the_default_detector_is_the_plateau_guard_and_the_papers_rule_stays_by_name() -> None:
     c = NflConfig()
-    assert (c.detector, c.plateau_rounds) == ("beta_hat_plateau", 2)
+    assert (c.detector, c.detector_options) == ("beta_hat_plateau", PlateauOptions(plateau_rounds=2))
     assert init(NflConfig(detector="beta_hat")).detector == "beta_hat"
 
 

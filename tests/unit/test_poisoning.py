@@ -34,12 +34,12 @@ def test_reverse_flip() -> None:
 def test_distfl_swap_pairs_and_single_source_target() -> None:
     y = torch.arange(10)
     cfg = AttackConfig.distfl_flip()
-    assert cfg.pairs == DISTFL_FLIP_PAIRS
+    assert cfg.flip_options.pairs == DISTFL_FLIP_PAIRS
     assert flip_labels(y, cfg, 10).tolist() == [4, 5, 6, 7, 0, 1, 2, 3, 8, 9]
-    single = AttackConfig(kind="label_flip", flip="directed", pairs=((3, 5),))
+    single = AttackConfig(kind="label_flip", options={"flip": "directed", "pairs": ((3, 5),)})
     assert flip_labels(y, single, 10).tolist() == [0, 1, 2, 5, 4, 5, 6, 7, 8, 9]
     assert target_mapping(single, 10) == {3: 5}
-    everything = AttackConfig(kind="label_flip", flip="all", target=0)
+    everything = AttackConfig(kind="label_flip", options={"flip": "all", "target": 0})
     assert flip_labels(torch.tensor([5, 9, 0]), everything, 80).tolist() == [0, 0, 0]
     assert label_mapping(AttackConfig(), 4).tolist() == [0, 1, 2, 3]
 
@@ -55,14 +55,14 @@ def test_flip_poisons_training_labels_only_and_does_not_mutate() -> None:
 def test_attack_config_validation() -> None:
     with pytest.raises(AttackError, match=r"attack\.kind"):
         AttackConfig(kind="meteor")
-    with pytest.raises(AttackError, match=r"attack\.pairs"):
-        AttackConfig(kind="label_flip", flip="swap")
+    with pytest.raises(AttackError, match=r"^attack\.options\.pairs: "):
+        AttackConfig(kind="label_flip", options={"flip": "swap"})
     with pytest.raises(AttackError, match="disjoint"):
-        AttackConfig(kind="label_flip", flip="swap", pairs=((0, 1), (1, 2)))
+        AttackConfig(kind="label_flip", options={"flip": "swap", "pairs": ((0, 1), (1, 2))})
     with pytest.raises(AttackError, match="poison_per_batch"):
-        AttackConfig(kind="backdoor", poison_per_batch=10, batch_size=10)
+        AttackConfig(kind="backdoor", options={"poison_per_batch": 10, "batch_size": 10})
     with pytest.raises(AttackError, match="outside"):
-        label_mapping(AttackConfig(kind="label_flip", flip="directed", pairs=((0, 12),)), 10)
+        label_mapping(AttackConfig(kind="label_flip", options={"flip": "directed", "pairs": ((0, 12),)}), 10)
 
 
 def test_attacker_local_epochs_override() -> None:

@@ -33,7 +33,8 @@ def test_options_are_decoded_and_validated_by_the_plugin_naming_the_field() -> N
     assert reg.parse_options("tuned", None, "aggregation.options") == _Options()
     with pytest.raises(ConfigError, match=r"^aggregation\.options\.ratio: expected a number"):
         reg.parse_options("tuned", {"ratio": "x"}, "aggregation.options")
-    with pytest.raises(ConfigError, match=r"^aggregation\.options\.nope: unknown field; known: ratio"):
+    with pytest.raises(ConfigError,
+                       match=r"^aggregation\.options\.nope: thing 'tuned' has no option 'nope'; its options: ratio"):
         reg.parse_options("tuned", {"nope": 1}, "aggregation.options")
     with pytest.raises(ConfigError, match=r"^aggregation\.options: ratio: must be in \[0, 0\.5\)"):
         reg.parse_options("tuned", {"ratio": 0.7}, "aggregation.options")
