@@ -28,7 +28,7 @@ from fedclient.simulation import DeviceSimulation
 from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.models import model_fingerprint, model_manifest
-from fedcore.serialization import DEFAULT_CHUNK_BYTES, Reassembler, SerializationError, pack
+from fedcore.serialization import DEFAULT_CHUNK_BYTES, Reassembler, SerializationError, payload_of
 from fedcore.update_report import UpdateReport
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
@@ -165,7 +165,7 @@ class RoundRunner:
             call = self.conn.require().pull(
                 pb.PullTaskRequest(session_id=self.conn.session, max_wait_s=0.0, declined=True), timeout=30.0)
             with self.conn.inflight(call):
-                first: pb.TaskMessage = next(iter(call))
+                first = pb.TaskMessage.FromString(next(iter(call)))
                 call.cancel()  # a server that predates ``declined`` may stream a task: not wanted
                 return first
 
@@ -185,8 +185,8 @@ class RoundRunner:
         call = self.conn.require().pull(req, timeout=self.config.long_poll_s + 30.0)
         with self.conn.inflight(call):
             try:
-                it: Iterator[pb.TaskMessage] = iter(call)
-                first = next(it)
+                it: Iterator[bytes] = iter(call)
+                first = pb.TaskMessage.FromString(next(it))
                 if first.WhichOneof("kind") == "wait":
                     return first.wait
                 header = first.header
@@ -195,8 +195,12 @@ class RoundRunner:
                 if manifest != model_manifest(self.setup.model):
                     raise SerializationError("the task's tensors are not this client's model")
                 asm = Reassembler(manifest, int(header.total_bytes))
-                for msg in it:
-                    asm.feed(int(msg.chunk.offset), msg.chunk.data)
+                for raw in it:  # each chunk's bytes copied once, from the frame into its tensor
+                    chunk = wire.read_chunk(raw, pb.TaskMessage)
+                    if chunk is None:
+                        msg = pb.TaskMessage.FromString(raw)
+                        chunk = int(msg.chunk.offset), memoryview(msg.chunk.data)
+                    asm.feed(*chunk)
                 return header, asm.finish()
             except SerializationError as e:
                 raise FedClientError(f"server sent a malformed model: {e}") from None
@@ -241,7 +245,7 @@ class RoundRunner:
 
     def _push(self, round_: int, report: UpdateReport) -> bool:
         assert self.setup.model is not None
-        manifest, payload = pack(self.setup.model.state_dict())
+        manifest, payload = payload_of(self.setup.model.state_dict())  # views of the weights, no copy
         chunk_bytes = (self.fed.chunk_bytes if self.fed is not None else 0) or DEFAULT_CHUNK_BYTES
 
         def do_push() -> pb.PushReply:

@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fedcore.config import ClientConfig, ConfigError
+from fedcore.serialization import Payload
 from fedguard import wire
 from fedguard.signing import sign_request
 from fedguard.v1 import fedguard_pb2 as pb
@@ -186,7 +187,8 @@ class Transport:
         self.channel = open_channel(config, log)
         self._unary = {name: self.channel.unary_unary(self.path(name), None, reply.FromString)
                        for name, reply in _REPLIES.items()}
-        self._pull = self.channel.unary_stream(self.path("PullTask"), None, pb.TaskMessage.FromString)
+        # PullTask's replies stay bytes: the runner reads chunk frames in place (fedguard.wire.read_chunk).
+        self._pull = self.channel.unary_stream(self.path("PullTask"), None, None)
         self._push = self.channel.stream_unary(self.path("PushUpdate"), None, pb.PushReply.FromString)
         # A standing Watch on the server's health service for the client's lifetime. Besides telling the
         # client when the server stops serving, it keeps one call open on the channel, so gRPC's sync client
@@ -212,20 +214,20 @@ class Transport:
         return self.future(name, request, timeout).result()
 
     def pull(self, request: pb.PullTaskRequest, timeout: float) -> Any:
-        """Start a PullTask call: an iterator of TaskMessages that can be cancelled."""
+        """Start a PullTask call: an iterator of serialized TaskMessages (bytes) that can be cancelled."""
         body = request.SerializeToString()
         return self._pull(body, timeout=timeout, metadata=self._metadata("PullTask", body))
 
-    def push(self, header: pb.UpdateHeader, payload: bytes | bytearray | memoryview, chunk_bytes: int,
+    def push(self, header: pb.UpdateHeader, payload: Payload | bytes | bytearray | memoryview, chunk_bytes: int,
              timeout: float) -> Any:
-        """Start a PushUpdate: the header (with the payload's SHA-256) then the chunks; a future of the reply."""
-        header.payload_sha256 = hashlib.sha256(payload).digest()
+        """Start a PushUpdate: the header (with the payload's SHA-256) then the chunks; a future of the reply. A
+        :class:`Payload` is sent from the tensors' own storage (each byte copied once, into its frame)."""
+        header.payload_sha256 = payload.sha256() if isinstance(payload, Payload) else hashlib.sha256(payload).digest()
         first = pb.UpdateMessage(header=header).SerializeToString()
 
         def frames() -> Iterator[bytes]:
             yield first
-            for msg in wire.chunk_frames(payload, pb.UpdateMessage, chunk_bytes):
-                yield msg.SerializeToString()
+            yield from wire.chunk_frame_bytes(payload, pb.UpdateMessage, chunk_bytes)
 
         return self._push.future(frames(), timeout=timeout, metadata=self._metadata("PushUpdate", first))
 

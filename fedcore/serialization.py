@@ -2,8 +2,13 @@
 
 A state dict is described by a manifest (one :class:`TensorMeta` per tensor, in order) and carried as one
 contiguous payload: the concatenation of every tensor's bytes in manifest order. The payload is cut into
-chunks of at most ``chunk_bytes``; the receiver writes each chunk at its offset into one preallocated buffer
-and checks the byte counts before it builds a single tensor. No pickle is involved at any point.
+chunks of at most ``chunk_bytes``. No pickle is involved at any point.
+
+Zero-copy on both ends: a sender describes the payload as :class:`Payload`, memoryviews of the (contiguous, CPU)
+tensors' own storage, so a chunk is copied once, into its wire frame (:func:`fedguard.wire.chunk_frames`); the
+receiver (:class:`Reassembler`) allocates one ``torch.empty`` per tensor from the manifest and copies each
+chunk's bytes once into the slices it covers (a chunk may span tensors and end inside an element), checking
+every byte count; the tensors it returns are those buffers.
 """
 
 from __future__ import annotations
@@ -123,6 +128,65 @@ def iter_chunks(payload: bytes | bytearray | memoryview, chunk_bytes: int = DEFA
         yield off, mv[off : off + chunk_bytes]
 
 
+def _byte_view(t: torch.Tensor) -> memoryview:
+    """A flat byte memoryview of the tensor's little-endian bytes: its own storage when it is a contiguous CPU
+    tensor on a little-endian host (no copy; the view keeps the storage alive), else of a copy."""
+    raw = _raw_bytes(t)
+    return raw.numpy().data.cast("B")
+
+
+class Payload:
+    """The payload of a state dict as a sequence of byte segments (memoryviews of the tensors' storage, or one
+    buffer) without joining them: what a sender chunks. ``len()`` is the payload's byte count."""
+
+    def __init__(self, segments: Sequence[bytes | bytearray | memoryview]) -> None:
+        self.segments = [memoryview(s).cast("B") for s in segments if len(s)]
+        self.nbytes = sum(len(s) for s in self.segments)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, list[memoryview]]]:
+        """(offset, pieces) per chunk of at most ``chunk_bytes``: the pieces are slices of the segments (several
+        when a chunk spans tensors), their lengths add up to the chunk's. An empty payload yields nothing."""
+        if chunk_bytes <= 0:
+            raise ValueError("chunk_bytes must be positive")
+        pieces: list[memoryview] = []
+        filled = 0
+        offset = 0
+        for seg in self.segments:
+            pos = 0
+            while pos < len(seg):
+                take = min(chunk_bytes - filled, len(seg) - pos)
+                pieces.append(seg[pos : pos + take])
+                pos += take
+                filled += take
+                if filled == chunk_bytes:
+                    yield offset, pieces
+                    offset += filled
+                    pieces, filled = [], 0
+        if filled:
+            yield offset, pieces
+
+    def sha256(self) -> bytes:
+        h = hashlib.sha256()
+        for seg in self.segments:
+            h.update(seg)
+        return h.digest()
+
+    def tobytes(self) -> bytes:
+        """The whole payload joined (tests and files; the wire never needs it)."""
+        return b"".join(self.segments)
+
+
+def payload_of(state: Mapping[str, torch.Tensor]) -> tuple[list[TensorMeta], Payload]:
+    """Manifest plus the payload as views of the tensors' own bytes (no copy for contiguous CPU tensors on a
+    little-endian host). The tensors must not change while the payload is being sent."""
+    manifest = manifest_of(state)
+    return manifest, Payload([_byte_view(t) for meta, t in zip(manifest, state.values(), strict=True)
+                              if meta.nbytes])
+
+
 def check_manifest(manifest: Sequence[TensorMeta]) -> None:
     seen: set[str] = set()
     for m in manifest:
@@ -138,10 +202,11 @@ def check_manifest(manifest: Sequence[TensorMeta]) -> None:
 
 
 class Reassembler:
-    """Collects chunks for a manifest into one buffer and checks every byte count.
+    """Receives the chunks of a manifest's payload straight into its tensors and checks every byte count.
 
-    ``max_bytes`` bounds what a remote party can make us allocate; it is checked against the manifest
-    before any memory is reserved.
+    One ``torch.empty`` per tensor is allocated from the manifest; :meth:`feed` copies a chunk's bytes once into
+    the tensor slices it covers. ``max_bytes`` bounds what a remote party can make us allocate; it is checked
+    against the manifest before any memory is reserved.
     """
 
     def __init__(self, manifest: Sequence[TensorMeta], announced_bytes: int | None = None,
@@ -155,11 +220,21 @@ class Reassembler:
             )
         if max_bytes is not None and self.expected > max_bytes:
             raise SerializationError(f"payload of {self.expected} bytes exceeds the limit of {max_bytes}")
-        # Uninitialised: every byte is written by feed() before finish() accepts the buffer.
-        self._buf = np.empty(self.expected, dtype=np.uint8)
+        # Uninitialised: every byte is written by feed() before finish() accepts the tensors.
+        self._tensors = {m.name: torch.empty(m.shape, dtype=DTYPES[m.dtype]) for m in self.manifest}
+        # (end offset in the payload, flat byte view) of every non-empty tensor, in payload order.
+        self._ends: list[int] = []
+        self._views: list[np.ndarray] = []
+        end = 0
+        for m in self.manifest:
+            if m.nbytes:
+                end += m.nbytes
+                self._ends.append(end)
+                self._views.append(self._tensors[m.name].reshape(-1).view(torch.uint8).numpy())
+        self._seg = 0  # the segment that holds byte ``received``
         self.received = 0
 
-    def feed(self, offset: int, data: bytes | memoryview) -> None:
+    def feed(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         n = len(data)
         if offset != self.received:
             raise SerializationError(f"chunk at offset {offset}, expected offset {self.received}")
@@ -167,13 +242,32 @@ class Reassembler:
             raise SerializationError(
                 f"received more bytes than announced ({self.received + n} > {self.expected})"
             )
-        self._buf[offset : offset + n] = np.frombuffer(data, dtype=np.uint8)
-        self.received += n
+        if not n:
+            return
+        src = np.frombuffer(data, dtype=np.uint8)
+        pos = 0
+        while pos < n:
+            end = self._ends[self._seg]
+            view = self._views[self._seg]
+            at = self.received - (end - len(view))
+            take = min(n - pos, end - self.received)
+            view[at : at + take] = src[pos : pos + take]
+            pos += take
+            self.received += take
+            if self.received == end and self._seg + 1 < len(self._ends):
+                self._seg += 1
 
     def finish(self) -> dict[str, torch.Tensor]:
         if self.received != self.expected:
             raise SerializationError(f"received {self.received} of {self.expected} announced bytes")
-        return unpack(self.manifest, self._buf)
+        if _BIG_ENDIAN_HOST:
+            for m in self.manifest:
+                t = self._tensors[m.name]
+                if m.itemsize > 1 and m.nbytes:
+                    raw = t.reshape(-1).view(torch.uint8)
+                    raw.copy_(raw.reshape(-1, m.itemsize).flip(1).reshape(-1))
+        out, self._tensors, self._views = self._tensors, {}, []
+        return out
 
 
 def unpack(manifest: Sequence[TensorMeta], payload: bytearray | np.ndarray) -> dict[str, torch.Tensor]:
@@ -201,10 +295,12 @@ def roundtrip_chunks(state: Mapping[str, torch.Tensor], chunk_bytes: int = DEFAU
     str, torch.Tensor
 ]:
     """Pack, chunk and reassemble: what a receiver gets (used in tests and benchmarks)."""
-    manifest, payload = pack(state)
+    manifest, payload = payload_of(state)
     r = Reassembler(manifest, total_bytes(manifest))
-    for off, data in iter_chunks(payload, chunk_bytes):
-        r.feed(off, data)
+    for off, pieces in payload.chunks(chunk_bytes):
+        for piece in pieces:
+            r.feed(off, piece)
+            off += len(piece)
     return r.finish()
 
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from fedcore import rounds
 from fedcore.config import FederationInfo, TrainingConfig
 from fedcore.report import DistflStatus, FederationStatus, NflStatus, RoundReport
-from fedcore.serialization import DEFAULT_CHUNK_BYTES, SerializationError, TensorMeta, iter_chunks
+from fedcore.serialization import DEFAULT_CHUNK_BYTES, Payload, SerializationError, TensorMeta, iter_chunks
 from fedcore.update_report import UpdateReport, from_metrics_map
 from fedguard.v1 import fedguard_pb2 as pb
 
@@ -70,6 +70,83 @@ def chunk_frames(payload: bytes | bytearray | memoryview, message: type[M],
         msg.chunk.offset = off
         msg.chunk.data = bytes(data)
         yield msg
+
+
+# ---- chunk frames as bytes, zero-copy: the same bytes protobuf writes and reads, without its copies ----
+# A chunk frame is ``message { chunk: Chunk { offset = 1 (varint, omitted when 0); data = 2 (bytes) } }``. The
+# sender writes the few header bytes itself and joins them with the tensor bytes (one copy, into the frame);
+# the receiver finds the data inside the frame and hands out a memoryview of it (no copy). Only the canonical
+# layout is read this way; anything else (unknown or repeated fields, another order, an empty chunk) goes
+# through protobuf's parser, so every frame means what protobuf says it means.
+
+# The field number of ``chunk`` in each stream message.
+_CHUNK_FIELD: dict[type, int] = {pb.TaskMessage: 3, pb.UpdateMessage: 2}
+_OFFSET_TAG = 0x08  # Chunk.offset: field 1, varint
+_DATA_TAG = 0x12  # Chunk.data: field 2, length-delimited
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int] | None:
+    """(value, next position) of the varint at ``pos``, or None when it is cut off or longer than 64 bits."""
+    value = 0
+    for i in range(10):
+        if pos + i >= end:
+            return None
+        b = buf[pos + i]
+        value |= (b & 0x7F) << (7 * i)
+        if not b & 0x80:
+            return (value, pos + i + 1) if value < 1 << 64 else None
+    return None
+
+
+def chunk_frame_bytes(payload: Payload | bytes | bytearray | memoryview, message: type[M],
+                      chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
+    """The serialized ``message`` frames whose ``chunk`` carries consecutive slices of ``payload``: byte for byte
+    what ``chunk_frames(...)``'s messages serialize to, each chunk's bytes copied once (from the payload, e.g. a
+    tensor's storage, into the frame)."""
+    tag = bytes([(_CHUNK_FIELD[message] << 3) | 2])
+    data_tag = bytes([_DATA_TAG])
+    if not isinstance(payload, Payload):
+        payload = Payload([payload])
+    for off, pieces in payload.chunks(chunk_bytes):
+        n = sum(map(len, pieces))
+        head = (bytes([_OFFSET_TAG]) + _varint(off) if off else b"") + data_tag + _varint(n)
+        parts: list[bytes | memoryview] = [tag, _varint(len(head) + n), head]
+        parts.extend(pieces)
+        yield b"".join(parts)
+
+
+def read_chunk(raw: bytes | memoryview, message: type[M]) -> tuple[int, memoryview] | None:
+    """(offset, data) of a chunk frame in the canonical layout, ``data`` a view into ``raw`` (no copy); None for
+    any other frame (a header, a wait, a non-canonical or malformed chunk: parse those with protobuf)."""
+    buf = memoryview(raw)
+    end = len(buf)
+    if end < 2 or buf[0] != (_CHUNK_FIELD[message] << 3) | 2:
+        return None
+    got = _read_varint(buf, 1, end)
+    if got is None or got[0] != end - got[1]:
+        return None
+    pos = got[1]
+    offset = 0
+    if buf[pos] == _OFFSET_TAG:
+        got = _read_varint(buf, pos + 1, end)
+        if got is None:
+            return None
+        offset, pos = got
+    if pos >= end or buf[pos] != _DATA_TAG:
+        return None
+    got = _read_varint(buf, pos + 1, end)
+    if got is None or got[0] == 0 or got[0] != end - got[1]:
+        return None
+    return offset, buf[got[1] :]
 
 
 # ---- configuration and reports: dataclass <-> protobuf, as pairs ----

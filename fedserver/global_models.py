@@ -62,11 +62,19 @@ class GlobalModels:
                        model_id: str = GLOBAL) -> torch.Tensor:
         """A client's upload as the ``[P]`` float32 update u_i (weights minus the model it was handed)."""
         base = self._models[model_id]
-        parts = []
+        # Written in place into one [P] vector: each received float32 tensor is read once (no per-tensor
+        # difference and no concatenation copy).
+        flat = torch.empty(self.num_params, dtype=torch.float32)
+        offset = 0
         for name in self.float_names:
             t = tensors[name].reshape(-1).to(torch.float32)
-            parts.append(t if is_delta else t - base[name].reshape(-1).to(torch.float32))
-        return torch.cat(parts) if parts else torch.zeros(0)
+            out = flat[offset : offset + t.numel()]
+            if is_delta:
+                out.copy_(t)
+            else:
+                torch.sub(t, base[name].reshape(-1).to(torch.float32), out=out)
+            offset += t.numel()
+        return flat
 
     def state_from_flat(self, flat: torch.Tensor, model_id: str = GLOBAL) -> dict[str, torch.Tensor]:
         """A state dict with ``flat`` as its floating-point tensors and model ``model_id``'s other tensors (e.g.

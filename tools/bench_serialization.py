@@ -1,12 +1,17 @@
 """Serialization throughput of a 940,362-parameter float32 model (the LINDT/FL-GUARD CIFAR CNN's shapes).
 
 Measured side by side in one run, median of --reps repetitions, MB/s = model bytes / (serialize + deserialize):
-  chunked   state dict -> little-endian payload -> 1 MiB chunks -> reassembled with byte-count checks -> state
-            dict (fedcore.serialization: the format, comparable to np.save/np.load producing/consuming bytes)
-  wire      the same plus protobuf framing: every chunk wrapped in a TaskMessage, serialized to bytes, parsed
-            back (what gRPC does to any payload; the socket itself is not included)
-  pack      state dict -> one contiguous payload -> state dict, no chunking
-  np.save   np.save of every array into one BytesIO, then np.load of each (the issue's reference)
+  chunked      state dict -> views of the tensors' bytes -> 1 MiB chunks -> copied once into one torch.empty per
+               tensor with byte-count checks (fedcore.serialization: Payload, Reassembler)
+  wire         the same plus protobuf framing: every chunk written as the bytes of a TaskMessage (one copy, from
+               the tensor's storage into the frame), the chunk's data read in place from the frame
+               (fedguard.wire.chunk_frame_bytes / read_chunk; what fedserver and fedclient send and receive)
+  old chunked  the previous release's path: pack into one payload -> 1 MiB slices -> one np.empty buffer
+  old wire     the previous release's framing: a TaskMessage per chunk built with protobuf (bytes(slice),
+               msg.chunk.data = ..., SerializeToString), parsed back with FromString, msg.chunk.data fed
+  pack         state dict -> one contiguous payload -> state dict, no chunking
+  np.save      np.save of every array into one BytesIO, then np.load of each (the issue's reference)
+The protobuf framing is the bytes gRPC carries; the socket itself is not included.
 
     python tools/bench_serialization.py [--reps 50]
 """
@@ -22,7 +27,17 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from fedcore.serialization import Reassembler, pack, roundtrip_chunks, unpack
+from fedcore.serialization import (
+    Reassembler,
+    SerializationError,
+    TensorMeta,
+    iter_chunks,
+    pack,
+    payload_of,
+    roundtrip_chunks,
+    total_bytes,
+    unpack,
+)
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 
@@ -39,12 +54,59 @@ def model_state() -> dict[str, torch.Tensor]:
 
 
 def wire_roundtrip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    manifest, payload = payload_of(state)
+    header = pb.TaskMessage(header=pb.TaskHeader(tensors=wire.metas_to_pb(manifest), total_bytes=len(payload)))
+    frames = [header.SerializeToString()]
+    frames += wire.chunk_frame_bytes(payload, pb.TaskMessage)
+    first = pb.TaskMessage.FromString(frames[0]).header
+    asm = Reassembler(wire.metas_from_pb(first.tensors), first.total_bytes)
+    for f in frames[1:]:
+        chunk = wire.read_chunk(f, pb.TaskMessage)
+        assert chunk is not None
+        asm.feed(*chunk)
+    return asm.finish()
+
+
+class OldReassembler:
+    """The previous release's receiver, kept here for the comparison: one np.empty buffer for the whole payload,
+    every chunk copied into it, tensors viewing it."""
+
+    def __init__(self, manifest: list[TensorMeta], announced_bytes: int) -> None:
+        self.manifest = manifest
+        self.expected = total_bytes(manifest)
+        if announced_bytes != self.expected:
+            raise SerializationError("announced bytes do not match the manifest")
+        self._buf = np.empty(self.expected, dtype=np.uint8)
+        self.received = 0
+
+    def feed(self, offset: int, data: bytes | memoryview) -> None:
+        n = len(data)
+        if offset != self.received or self.received + n > self.expected:
+            raise SerializationError("bad chunk")
+        self._buf[offset : offset + n] = np.frombuffer(data, dtype=np.uint8)
+        self.received += n
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        if self.received != self.expected:
+            raise SerializationError("short")
+        return unpack(self.manifest, self._buf)
+
+
+def old_chunked_roundtrip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    manifest, payload = pack(state)
+    r = OldReassembler(manifest, total_bytes(manifest))
+    for off, data in iter_chunks(payload):
+        r.feed(off, data)
+    return r.finish()
+
+
+def old_wire_roundtrip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     manifest, payload = pack(state)
     header = pb.TaskMessage(header=pb.TaskHeader(tensors=wire.metas_to_pb(manifest), total_bytes=len(payload)))
     frames = [header.SerializeToString()]
     frames += [m.SerializeToString() for m in wire.chunk_frames(payload, pb.TaskMessage)]
     first = pb.TaskMessage.FromString(frames[0]).header
-    asm = Reassembler(wire.metas_from_pb(first.tensors), first.total_bytes)
+    asm = OldReassembler(wire.metas_from_pb(first.tensors), first.total_bytes)
     for f in frames[1:]:
         c = pb.TaskMessage.FromString(f).chunk
         asm.feed(c.offset, c.data)
@@ -87,11 +149,14 @@ def main() -> None:
     params = sum(v.numel() for v in state.values())
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
     assert params == 940_362, params
-    out = wire_roundtrip(state)
-    assert all(torch.equal(out[k], state[k]) for k in state), "wire round-trip is not exact"
+    for fn in (wire_roundtrip, old_wire_roundtrip, roundtrip_chunks, old_chunked_roundtrip):
+        out = fn(state)
+        assert all(torch.equal(out[k], state[k]) for k in state), f"{fn.__name__} is not exact"
     results = interleaved({
-        "chunked (fedguard serialization)": lambda: roundtrip_chunks(state),
-        "wire (chunked + protobuf framing)": lambda: wire_roundtrip(state),
+        "chunked (zero-copy)": lambda: roundtrip_chunks(state),
+        "wire (zero-copy + protobuf framing)": lambda: wire_roundtrip(state),
+        "old chunked (previous release)": lambda: old_chunked_roundtrip(state),
+        "old wire (previous release)": lambda: old_wire_roundtrip(state),
         "pack/unpack (no chunking)": lambda: pack_roundtrip(state),
         "np.save/np.load (reference)": lambda: npsave_roundtrip(arrays),
     }, args.reps)
@@ -100,6 +165,8 @@ def main() -> None:
     print(f"{'path':<36} {'ms':>8} {'MB/s':>9} {'vs np.save':>11}")
     for name, t in results.items():
         print(f"{name:<36} {t * 1e3:>8.2f} {nbytes / 1e6 / t:>9.0f} {ref / t:>10.2f}x")
+    new, old = results["wire (zero-copy + protobuf framing)"], results["old wire (previous release)"]
+    print(f"with framing: new path {ref / new:.2f}x np.save, old path {ref / old:.2f}x (new/old {old / new:.2f}x)")
 
 
 if __name__ == "__main__":
