@@ -48,10 +48,17 @@ class Incoming:
     message: Any
     raw: bytes
     error: str = ""
+    # An update chunk read in place (offset, a view of its data inside ``raw``): ``message`` is then None until
+    # :func:`_message` parses ``raw`` (only a stream that does not start with its header needs that).
+    chunk: tuple[int, memoryview] | None = None
 
 
 def _decoder(cls: Any) -> Callable[[bytes], Incoming]:
     def decode(data: bytes) -> Incoming:
+        if cls is pb.UpdateMessage:
+            chunk = wire.read_chunk(data, pb.UpdateMessage)
+            if chunk is not None:
+                return Incoming(None, data, chunk=chunk)
         try:
             return Incoming(cls.FromString(data), data)
         except Exception as e:  # DecodeError, or anything else a hostile buffer provokes in the parser
@@ -60,7 +67,14 @@ def _decoder(cls: Any) -> Callable[[bytes], Incoming]:
     return decode
 
 
+def _serialize_task(msg: pb.TaskMessage | bytes) -> bytes:
+    """PullTask's replies: chunk frames arrive serialized (:func:`fedguard.wire.chunk_frame_bytes`)."""
+    return msg if isinstance(msg, bytes) else msg.SerializeToString()
+
+
 def _message(item: Incoming) -> Any:
+    if item.chunk is not None:
+        return pb.UpdateMessage.FromString(item.raw)
     if item.message is None:
         raise ProtocolError("INVALID_ARGUMENT", item.error)
     return item.message
@@ -122,7 +136,9 @@ class FederationServicer:
                             heartbeat_interval_s=self.coord.config.server.heartbeat_interval_s,
                             client_index=res.client_index)
 
-    async def PullTask(self, item: Incoming, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TaskMessage]:
+    async def PullTask(self, item: Incoming, context: grpc.aio.ServicerContext) -> AsyncIterator[
+        pb.TaskMessage | bytes
+    ]:
         try:
             request = _message(item)
             bounds.check_pull(request)
@@ -139,7 +155,8 @@ class FederationServicer:
         yield pb.TaskMessage(header=pb.TaskHeader(round=res.round, deadline_s=res.deadline_s,
                                                   tensors=wire.metas_to_pb(res.manifest), total_bytes=total,
                                                   recovery=res.recovery, learning_rate=res.learning_rate))
-        for frame in wire.chunk_frames(res.payload, pb.TaskMessage, self.coord.config.server.chunk_bytes):
+        # The chunks as serialized frames, each byte copied once from the cached payload into its frame.
+        for frame in wire.chunk_frame_bytes(res.payload, pb.TaskMessage, self.coord.config.server.chunk_bytes):
             yield frame
 
     async def _next(self, it: AsyncIterator[Incoming], session: str) -> Incoming | None:
@@ -187,17 +204,21 @@ class FederationServicer:
                 try:
                     asm = Reassembler(manifest, int(h.total_bytes), self.coord.config.server.max_update_bytes)
                     while (item := await self._next(it, h.session_id)) is not None:
-                        part = _message(item)
-                        if part.WhichOneof("kind") != "chunk":
-                            raise SerializationError("a second header inside one update stream")
-                        if not part.chunk.data:
+                        if item.chunk is not None:  # the common case: the chunk's data read in place
+                            offset, data = item.chunk
+                        else:
+                            part = _message(item)
+                            if part.WhichOneof("kind") != "chunk":
+                                raise SerializationError("a second header inside one update stream")
+                            offset, data = int(part.chunk.offset), part.chunk.data
+                        if not data:
                             raise SerializationError("an empty chunk (an upload must make progress)")
                         closed = self.coord.uploads.closed(ticket)
                         if closed is not None:  # a trickle cannot hold its reservation past the round
                             self.coord.uploads.reject_ticket(ticket, "FAILED_PRECONDITION", closed)
-                        asm.feed(int(part.chunk.offset), part.chunk.data)
+                        asm.feed(offset, data)
                         if digest is not None:
-                            digest.update(part.chunk.data)
+                            digest.update(data)
                     tensors = asm.finish()
                 except SerializationError as e:
                     self.coord.uploads.reject_ticket(ticket, "INVALID_ARGUMENT", str(e))
@@ -261,7 +282,8 @@ class FederationServicer:
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         ser = {name: getattr(pb, name).SerializeToString for name in (
-            "JoinReply", "TaskMessage", "PushReply", "HeartbeatReply", "LeaveReply", "StatusReply")}
+            "JoinReply", "PushReply", "HeartbeatReply", "LeaveReply", "StatusReply")}
+        ser["TaskMessage"] = _serialize_task
         return {
             "Join": grpc.unary_unary_rpc_method_handler(self.Join, _decoder(pb.JoinRequest), ser["JoinReply"]),
             "PullTask": grpc.unary_stream_rpc_method_handler(self.PullTask, _decoder(pb.PullTaskRequest),

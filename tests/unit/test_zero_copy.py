@@ -221,3 +221,21 @@ def test_the_update_is_flattened_in_place_bit_for_bit(is_delta: bool) -> None:
     want = torch.cat([upd[k].reshape(-1).float() - (0 if is_delta else init[k].reshape(-1).float())
                       for k in models.float_names])
     assert got.dtype == torch.float32 and _bits(got) == _bits(want)
+
+
+def test_the_server_reads_update_chunks_in_place_and_parses_every_other_frame() -> None:
+    from fedserver.servicer import _decoder, _message, _serialize_task
+
+    decode = _decoder(pb.UpdateMessage)
+    frame = list(wire.chunk_frame_bytes(Payload([b"abcdef"]), pb.UpdateMessage, 4))[1]
+    item = decode(frame)
+    assert item.chunk is not None and item.chunk[0] == 4 and bytes(item.chunk[1]) == b"ef"
+    assert item.message is None and _message(item).chunk.data == b"ef"  # parsed on demand (a stream's first frame)
+    header = decode(pb.UpdateMessage(header=pb.UpdateHeader(round=2)).SerializeToString())
+    assert header.chunk is None and header.message.header.round == 2
+    inner = b"\x12\x02ab\x08\x05"  # a chunk with its fields in the other order: protobuf's parser reads it
+    reordered = decode(b"\x12" + bytes([len(inner)]) + inner)
+    assert reordered.chunk is None and (reordered.message.chunk.offset, reordered.message.chunk.data) == (5, b"ab")
+    assert decode(b"\x12\xff").message is None and decode(b"\x12\xff").error.startswith("undecodable UpdateMessage")
+    task = pb.TaskMessage(header=pb.TaskHeader(round=1))
+    assert _serialize_task(task) == task.SerializeToString() and _serialize_task(b"\x1a\x00") == b"\x1a\x00"
