@@ -61,6 +61,7 @@ from fedserver.persistence import Persistence, StoreOpener, open_store, write_ro
 from fedserver.polls import LongPolls
 from fedserver.round_close import RoundCloser, RoundSubscriber
 from fedserver.round_log import RoundCompletedLine, WaitingLine, log_event
+from fedserver.round_timing import RoundTimer
 from fedserver.sessions import Sessions
 from fedserver.uploads import UploadGate
 
@@ -120,10 +121,13 @@ class Coordinator:
         self.clusters = ClusterShell(config, self.models, model, evaluation_device(config))
         self.dispatch = TaskDispatcher(self.models, config.training, lambda: self.nfl.recovery,
                                        self.clusters.model_id_for)
-        self.polls = LongPolls(config.server, self.members, self.dispatch, state, self.observe, stopping, clock)
+        # The critical path of every round (fedserver.round_timing): the rounds.jsonl row's timing_seconds.
+        self.timing = RoundTimer()
+        self.polls = LongPolls(config.server, self.members, self.dispatch, state, self.observe, stopping, clock,
+                               self.timing)
         self.intake = UpdateIntake(config, self.models, state, self.observe, clock, self.dispatch.model_id_for,
                                    self.clusters.make_buffer if self.clusters.enabled else None)
-        self.uploads = UploadGate(self.members, self.intake, stopping)
+        self.uploads = UploadGate(self.members, self.intake, stopping, self.timing)
         eval_model = model.to(evaluation_device(config)) if config.evaluation.central else None
         finalizer = RoundFinalizer(config, self.models, eval_model, clock)
         harness = AdversaryHarness(config)  # simulation only; does nothing unless turned on
@@ -134,7 +138,8 @@ class Coordinator:
         if self.clusters.enabled:
             self.persistence.register_slot(DISTFL_SLOT, self.clusters.save, self.clusters.load)
         self.closer = RoundCloser(self.intake, self.clusters, harness, finalizer, self.persistence, self.history,
-                                  state, lambda: DP_BUDGET if self.dp.stop_required else "", clock, self.log)
+                                  state, lambda: DP_BUDGET if self.dp.stop_required else "", clock, self.log,
+                                  self.timing)
         # Stages complete the report, in this order, before the round is persisted.
         self.closer.add_stage(self.clusters.complete)
         self.closer.add_stage(lambda r: self.nfl.observe(r)[0])  # moves the detector before the snapshot saves it
@@ -142,7 +147,7 @@ class Coordinator:
         # Subscribers read the persisted report, in this order; subscribe() appends after them.
         self.closer.subscribe(self.history.append)
         self.closer.subscribe(RoundCompletedLine(self.log, lambda: self.persistence.last_save_seconds))
-        self.closer.subscribe(lambda r: write_round(self.run_dir, r))
+        self.closer.subscribe(lambda r: write_round(self.run_dir, self.timing.timed(r)))
 
     @property
     def global_state(self) -> Mapping[str, torch.Tensor]:
@@ -199,16 +204,21 @@ class Coordinator:
     def _on_event(self, ev: rm.Event) -> None:
         if isinstance(ev, rm.RoundStarted):
             self.intake.open_round(ev.round, ev.attempt, len(ev.selected), self.clock())
+            self.timing.started(ev.round, ev.attempt, len(ev.selected))
         log_event(self.log, ev)
         if isinstance(ev, rm.RoundClosed):
             self._agg_task = asyncio.get_running_loop().create_task(self._close_round(ev.round, ev.reason))
         elif isinstance(ev, rm.RoundAbandoned):
+            self.timing.sampling()
             self.persistence.progress(self.state)
         elif isinstance(ev, rm.FederationFinished):
             self._finish(ev.rounds, ev.outcome)
 
     async def _close_round(self, round_: int, reason: str) -> None:
-        self.observe(await self.closer.close(round_, reason))
+        closed = await self.closer.close(round_, reason)
+        if isinstance(closed, rm.AggregationFailed):  # the round is selected again
+            self.timing.sampling()
+        self.observe(closed)
 
     # ---- run loop, stop, end ----
 
@@ -218,6 +228,7 @@ class Coordinator:
             self.log.info("federation.already_finished", rounds=self.state.completed_rounds,
                           reason="nothing to run; start over with --fresh")
             self._finish(self.state.completed_rounds, self.state.outcome)
+        self.timing.sampling()
         self.observe(rm.Tick(self.clock()))
         while not self._finished.is_set() and not self.stopping:
             wake = self._wake

@@ -17,12 +17,13 @@ from fedcore import rounds as rm
 from fedcore.config import ServerSection
 from fedserver.dispatch import Task, TaskDispatcher, WaitInfo
 from fedserver.membership import Membership
+from fedserver.round_timing import RoundTimer
 
 
 class LongPolls:
     def __init__(self, server: ServerSection, members: Membership, dispatch: TaskDispatcher,
                  state: Callable[[], rm.RoundState], observe: Callable[[rm.Observation], None],
-                 stopping: Callable[[], bool], clock: Callable[[], float]) -> None:
+                 stopping: Callable[[], bool], clock: Callable[[], float], timing: RoundTimer | None = None) -> None:
         self.server = server
         self.members = members
         self.dispatch = dispatch
@@ -30,6 +31,7 @@ class LongPolls:
         self._observe = observe
         self._stopping = stopping
         self._clock = clock
+        self.timing = timing if timing is not None else RoundTimer()
         self.log = members.log
         self._parked: dict[str, asyncio.Event] = {}
         self._polling: dict[str, int] = {}
@@ -88,6 +90,7 @@ class LongPolls:
             if task is not None:
                 self.log.debug("task.sent", client_id=cid, round=task.round, model_id=task.model_id)
                 self._observe(rm.Seen(cid, self._clock()))  # it came for its task: pending (poll grace)
+                self.timing.handed_out(cid, task.round)  # its long-poll is answered
                 return task
             remaining = deadline - self._clock()
             if remaining <= 0:

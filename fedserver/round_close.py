@@ -29,6 +29,7 @@ from fedserver.finalize import RoundFinalizer
 from fedserver.harness import AdversaryHarness
 from fedserver.intake import UpdateIntake
 from fedserver.persistence import Persistence
+from fedserver.round_timing import RoundTimer
 
 ReportStage = Callable[[RoundReport], RoundReport]
 RoundSubscriber = Callable[[RoundReport], None]
@@ -38,7 +39,7 @@ class RoundCloser:
     def __init__(self, intake: UpdateIntake, clusters: ClusterShell, harness: AdversaryHarness,
                  finalizer: RoundFinalizer, persistence: Persistence, history: list[RoundReport],
                  state: Callable[[], rm.RoundState], ends_federation: Callable[[], str],
-                 clock: Callable[[], float], log: Any) -> None:
+                 clock: Callable[[], float], log: Any, timing: RoundTimer | None = None) -> None:
         self.intake = intake
         self.clusters = clusters
         self.harness = harness
@@ -50,6 +51,7 @@ class RoundCloser:
         self._ends_federation = ends_federation
         self._clock = clock
         self.log = log
+        self.timing = timing if timing is not None else RoundTimer()  # stamps the close's phase boundaries
         self._stages: list[ReportStage] = []
         self._subscribers: list[RoundSubscriber] = []
 
@@ -62,15 +64,19 @@ class RoundCloser:
         self._subscribers.append(fn)
 
     async def close(self, round_: int, reason: str) -> rm.Aggregated | rm.AggregationFailed:
+        self.timing.close_began(round_)
         agg, round_log = self.intake.take()
         try:
             result = await self._aggregate(agg, round_)
         except ValueError as e:  # the rule cannot work with what arrived: re-run the round
             self.log.warning("round.aggregation_failed", round=round_, reason=str(e))
             return rm.AggregationFailed(round_, str(e), self._clock())
+        self.timing.aggregated(round_)
         report = await self.finalizer.report(result, round_log, self._state(), reason)
         report = await asyncio.to_thread(self._complete, report)
+        self.timing.reported(round_)
         await asyncio.to_thread(self.persistence.snapshot, self._state(), [*self.history, report], round_)
+        self.timing.snapshotted(round_)
         for fn in self._subscribers:
             fn(report)
         self.intake.finished_round()

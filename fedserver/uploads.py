@@ -16,23 +16,30 @@ from fedcore.update_report import UpdateReport
 from fedserver.errors import ProtocolError
 from fedserver.intake import UpdateIntake, UpdateTicket
 from fedserver.membership import Membership
+from fedserver.round_timing import RoundTimer
 
 STOPPING = "server stopping; send the update again after it restarts"
 
 
 class UploadGate:
-    def __init__(self, members: Membership, intake: UpdateIntake, stopping: Callable[[], bool]) -> None:
+    def __init__(self, members: Membership, intake: UpdateIntake, stopping: Callable[[], bool],
+                 timing: RoundTimer | None = None) -> None:
         self.members = members
         self.intake = intake
         self._stopping = stopping
+        self.timing = timing if timing is not None else RoundTimer()  # the upload phase of the round's timing
 
     def begin(self, session: str, round_: int, report: UpdateReport, is_delta: bool, manifest: list[TensorMeta],
               announced_bytes: int) -> UpdateTicket:
-        """Admission of an update header; raises :class:`ProtocolError` (and records the rejection)."""
+        """Admission of an update header (the upload's first message); raises :class:`ProtocolError` (and records
+        the rejection)."""
+        began = self.timing.now()
         cid = self.members.touch(session)
         if self._stopping():
             raise ProtocolError("UNAVAILABLE", STOPPING)
-        return self.intake.begin(cid, round_, report, is_delta, manifest, announced_bytes)
+        ticket = self.intake.begin(cid, round_, report, is_delta, manifest, announced_bytes)
+        self.timing.upload_began(cid, round_, began)
+        return ticket
 
     def reject_header(self, session: str, round_: int, code: str, reason: str) -> None:
         """Refuse an update whose header could not even be read (raises :class:`ProtocolError`)."""
@@ -49,3 +56,4 @@ class UploadGate:
         if self._stopping():
             raise ProtocolError("UNAVAILABLE", STOPPING)
         self.intake.submit(ticket, tensors)
+        self.timing.accepted(ticket.client_id, ticket.round)

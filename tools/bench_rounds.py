@@ -12,7 +12,13 @@ private part is what each extra process really costs.
     python tools/bench_rounds.py --hidden 1024 512   # a ~0.6M-parameter MLP instead
     python tools/bench_rounds.py --virtual           # the K clients as threads of one process
     python tools/bench_rounds.py --clients 1000 -k 100 --virtual --procs 10 --rounds 10   # a fleet (issue 13)
-    python tools/bench_rounds.py ... --profile server.prof   # where the server's time goes (cProfile, top 25)
+    python tools/bench_rounds.py ... --profile server.prof   # where the server's time goes (cProfile: top 25
+                                                              # of fedguard's functions, top 12 by internal time)
+
+Where a round's time goes: the server writes each round's critical path into its ``rounds.jsonl`` row
+(``timing_seconds``, fedserver.round_timing: selection, task hand-out, client turnaround, upload, aggregation,
+snapshot, report; the round and the server's CPU seconds over it); the benchmark prints the median of each phase
+over the timed rounds, its share of the median round, and the server CPU per client-round.
 
 With ``--clients N`` larger than K, the fleet is N connected clients of which K are selected per round (the
 rest stay parked in their long-polls); the server's CPU seconds per round (user + system, sampled from /proc
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -33,6 +40,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 from tempfile import TemporaryDirectory
+from typing import Any
 
 
 def _free_port() -> int:
@@ -93,6 +101,56 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float,
     return [(results[i][0], results[i][1], anon[i], results[i][2]) for i in range(len(procs))]
 
 
+def print_phases(rows: list[dict[str, Any]], k: int) -> None:
+    """The median of each phase of the rounds' critical path (their rows' ``timing_seconds``), its share of the
+    median round, and the server CPU per client-round."""
+    from fedserver.round_timing import PHASES
+
+    timed = [r for r in rows if "timing_seconds" in r]
+    timings = [r["timing_seconds"] for r in timed]
+    if not timings:
+        print("no timing_seconds in rounds.jsonl (a server before issue 30)")
+        return
+    whole = statistics.median(t["round"] for t in timings)
+    print(f"where a round's time goes (median over {len(timings)} rounds' critical path; share of the median "
+          f"round {whole:.4f} s):")
+    print(f"  {'phase':<12} {'median s':>9} {'share':>6}   {'min':>8} {'max':>8}")
+    for name in (*PHASES, "round"):
+        values = [t[name] for t in timings]
+        med = statistics.median(values)
+        print(f"  {name:<12} {med:9.5f} {100 * med / whole if whole else 0.0:5.1f}%   {min(values):8.5f} "
+              f"{max(values):8.5f}")
+    rest = whole - sum(statistics.median(t[p] for t in timings) for p in PHASES)
+    print(f"  (round minus the phases' medians: {rest:.5f} s: waits off the critical path, the medians' mismatch)")
+    per_client = [t["server_cpu"] / max(1, r["selected"]) for t, r in zip(timings, timed, strict=True)]
+    print(f"server CPU per client-round (the round's CPU seconds / selected, K = {k}): median "
+          f"{1000 * statistics.median(per_client):.3f} ms (min {1000 * min(per_client):.3f}, "
+          f"max {1000 * max(per_client):.3f})")
+
+
+def _stamp(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(event["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+
+def print_arrivals(events: list[dict[str, Any]], rounds: list[int]) -> None:
+    """How the K accepted updates spread over a round (the server log's ``update.accepted`` lines after the round's
+    last ``round.started``): the first, median and last acceptance after the start, medians over the rounds."""
+    started: dict[int, float] = {}
+    accepted: dict[int, list[float]] = {}
+    for e in events:
+        if e["event"] == "round.started":
+            started[int(e["round"])] = _stamp(e)
+            accepted[int(e["round"])] = []
+        elif e["event"] == "update.accepted" and int(e["round"]) in accepted:
+            accepted[int(e["round"])].append(_stamp(e))
+    spreads = [(min(a) - started[r], statistics.median(a) - started[r], max(a) - started[r])
+               for r in rounds if (a := accepted.get(r))]
+    if spreads:
+        first, mid, last = (statistics.median(s[i] for s in spreads) for i in range(3))
+        print(f"updates accepted after the round's start (server log; medians over rounds): first {first:.4f} s, "
+              f"median {mid:.4f} s, last {last:.4f} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-k", type=int, default=10)
@@ -135,6 +193,7 @@ def main() -> int:
         (rc, server_rss, server_anon, _), *client_res = wait_all([server, *clients], 900, trace)
         events = [json.loads(line) for line in (Path(tmp) / "server.log").read_text().splitlines()
                   if line.startswith("{")]
+        rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
         failed_tails = [log.read_text().splitlines()[-25:] for log, (code, *_) in zip(client_logs, client_res,
                                                                                       strict=True) if code != 0]
     if rc != 0 or any(code != 0 for code, _, _, _ in client_res):
@@ -161,16 +220,26 @@ def main() -> int:
         return min(trace, key=lambda sample: abs(sample[0] - t))[1]
 
     server_cpu = (cpu_at(stamps[-1]) - cpu_at(stamps[0])) / (len(stamps) - 1)
-    print(f"server CPU seconds per round (user + system, between completions): {server_cpu:.4f}")
+    print(f"server CPU seconds per round (user + system, between completions): {server_cpu:.4f} "
+          f"({1000 * server_cpu / args.k:.3f} ms per client-round)")
     print(f"peak RSS server: {server_rss:.0f} MiB; client process: median {statistics.median(rss):.0f} MiB, "
           f"max {max(rss):.0f} MiB")
     print(f"peak private (RssAnon) server: {server_anon:.0f} MiB; client process: median "
           f"{statistics.median(anon):.0f} MiB, max {max(anon):.0f} MiB")
+    print_phases(rows[1:], args.k)
+    print_arrivals(events, [int(r["round"]) for r in rows[1:]])
     if args.profile:
         import pstats
 
-        print(f"server profile ({args.profile}), top 25 by cumulative time:")
-        pstats.Stats(args.profile).sort_stats("cumulative").print_stats(25)
+        # The whole process's top entries are start-up (imports) and the event loop; the serving code's are
+        # fedguard's own functions (cumulative), and the C-level work (gRPC's Cython callbacks run inside
+        # Context.run, epoll) shows by internal time.
+        stats = pstats.Stats(args.profile)
+        print(f"server profile ({args.profile}), fedguard's functions, top 25 by cumulative time:")
+        own = rf"^{re.escape(str(root))}/(fedserver|fedcore|fedguard)/(?!.*\(<module>\)$)"  # not the imports
+        stats.sort_stats("cumulative").print_stats(own, 25)
+        print("top 12 by internal time (whole process):")
+        stats.sort_stats("tottime").print_stats(12)
     return 0
 
 
