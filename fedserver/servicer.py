@@ -142,7 +142,8 @@ class FederationServicer:
         try:
             request = _message(item)
             bounds.check_pull(request)
-            self._session_of(self.auth.identify(method_path("PullTask"), context, item.raw), request.session_id)
+            cid = self._session_of(self.auth.identify(method_path("PullTask"), context, item.raw),
+                                   request.session_id)
             with self.limits.pull(request.session_id):
                 res = await self.coord.polls.pull(request.session_id, request.max_wait_s, request.declined)
         except ProtocolError as e:
@@ -158,6 +159,7 @@ class FederationServicer:
         # The chunks as serialized frames, each byte copied once from the cached payload into its frame.
         for frame in wire.chunk_frame_bytes(res.payload, pb.TaskMessage, self.coord.config.server.chunk_bytes):
             yield frame
+        self.coord.timing.handed_out(cid, res.round)  # the hand-out ends once the model is written out
 
     async def _next(self, it: AsyncIterator[Incoming], session: str) -> Incoming | None:
         """The stream's next message; a stream idle for ``stream_idle_timeout_s`` is cancelled."""
