@@ -26,6 +26,7 @@ from fedcore.data import DataError, available_datasets, check_dataset
 from fedcore.distfl.config import DistflConfig
 from fedcore.errors import ConfigError as ConfigError  # re-exported: the old import path keeps working
 from fedcore.errors import require
+from fedcore.models import check_model_kwargs
 from fedcore.nfl.config import LEGACY_DETECTOR_OPTIONS, NflConfig
 from fedcore.options import from_dict as from_dict  # re-exported
 from fedcore.options import to_dict as to_dict  # re-exported
@@ -367,6 +368,7 @@ def validate_server_config(c: ServerConfig) -> None:
     require(r.seed >= 0, "rounds.seed", f"must be >= 0, got {r.seed}")
     validate_training_config(t)
     require(bool(c.model.name), "model.name", "must not be empty")
+    check_model_kwargs(c.model.name, c.model.kwargs, "model.kwargs")  # a registered model's, by its options
     require(bool(c.data.dataset), "data.dataset", "must not be empty")
     require(c.evaluation.central_clients >= 0, "evaluation.central_clients",
             f"must be >= 0, got {c.evaluation.central_clients}")
@@ -502,6 +504,8 @@ def check_data_config(c: ServerConfig) -> None:
                                           f"{', '.join(available_datasets())}")
     try:
         shards = check_dataset(c.data.dataset, c.data.options)
+    except ConfigError:  # a partition option, named by its field (data.options.alpha)
+        raise
     except DataError as e:
         raise ConfigError("data.options", str(e)) from None
     if shards is None:

@@ -170,9 +170,12 @@ PLUGIN_SLOTS = {
     "RULES": ("Aggregation rules", "`aggregation.rule`"),
     "DETECTORS": ("NFL detectors", "`nfl.detector`"),
     "ATTACKS": ("Attacks", "a client's `attack.kind`, `simulation_harness.attack.kind`"),
-    "PARTITIONS": ("Partitions", "`data.options.partition` (`noniid-<k>`, `dirichlet-<alpha>` carry an argument)"),
+    "PARTITIONS": ("Partitions", "`data.options.partition` (`noniid-<k>`, `dirichlet-<alpha>` carry an argument); "
+                                 "its options go in `data.options` beside the dataset's own (`num_clients`, `pool`, "
+                                 "`test_fraction`, ...), and an option the chosen partition lacks is refused"),
     "DATASETS": ("Datasets", "`data.dataset`, a client's `dataset`"),
-    "MODELS": ("Models", "`model.name`"),
+    "MODELS": ("Models", "`model.name`; its options are its factory's keyword arguments, in `model.kwargs` (a "
+                         "model given as an import path `pkg.mod:factory` takes its factory's own)"),
 }
 
 

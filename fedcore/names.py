@@ -73,6 +73,22 @@ SUMMARIES: dict[str, dict[str, str]] = {
         'noniid-mixed': '50% of clients from 10 classes, 30% from 5, 20% from 2',
         'types': 'DistFL distribution types: num_types disjoint sets of classes',
     },
+    'MODELS': {
+        'char_lstm': 'Embedding 80->8, 2 stacked LSTM layers of 256, linear 256->80 on the last step: ...',
+        'cifar_cnn': 'conv 3->32 5x5, ReLU, pool; conv 32->64 5x5, ReLU, pool; fc 1600->512, ReLU; fc ...',
+        'fedntd_cnn': "FedNTD's plain CNN: :func:`hydra_ntd_cnn` without heads (MNIST 1,663,370, CIFAR ...",
+        'har_cnn': '1-D CNN over [B, 6, 128] windows: BatchNorm of the raw 6 channels, then per ...',
+        'hydra_ntd_cnn': "FedNTD's CNN (McMahan et al.'s MNIST CNN; HYDRA-FL §4.2, App. D) with HYDRA-FL's ...",
+        'logreg': 'Multinomial logistic regression (the FedProx synthetic-task model)',
+        'mlp': 'A plain multi-layer perceptron: Linear+ReLU per hidden width, then a linear ...',
+        'mlp_bn': ':func:`fedcore.models.mlp` with BatchNorm: per hidden width a block Linear (no ...',
+        'mnist_cnn': 'Small CNN: conv 1->16 5x5 pad 2, ReLU, pool; conv 16->32 5x5 pad 2, ReLU, pool; ...',
+        'mnist_cnn_bn': ':func:`mnist_cnn` with BatchNorm after each conv (bias-free convs), for DistFL ...',
+        'mnist_mlp': "McMahan et al.'s 2NN: flatten, fc 784->200, ReLU, fc 200->200, ReLU, fc 200->C ...",
+        'moon_cnn': "MOON's CNN (MOON's CIFAR-10 base encoder + projection head; HYDRA-FL App. D) ...",
+        'resnet18_cifar': 'ResNet-18 for 32x32 inputs: 3x3 stem conv 64 + BN + ReLU (no max-pool), 4 stages ...',
+        'vgg11_bn': 'VGG-11 (configuration A) with BatchNorm after every conv; head = global average ...',
+    },
 }
 # ---- end of the generated block ----
 
@@ -85,11 +101,12 @@ def registries() -> dict[str, Registry[Any]]:
     from fedcore.aggregation.config import RULES as RULE_REGISTRY
     from fedcore.attacks.poisoning import ATTACKS as ATTACK_REGISTRY
     from fedcore.data.partition import PARTITION_KINDS
+    from fedcore.models import MODELS as MODEL_REGISTRY
     from fedcore.nfl.config import DETECTORS as DETECTOR_REGISTRY
     from fedcore.train.trainers import TRAINERS as TRAINER_REGISTRY
 
     return {"TRAINERS": TRAINER_REGISTRY, "RULES": RULE_REGISTRY, "DETECTORS": DETECTOR_REGISTRY,
-            "ATTACKS": ATTACK_REGISTRY, "PARTITIONS": PARTITION_KINDS}
+            "ATTACKS": ATTACK_REGISTRY, "PARTITIONS": PARTITION_KINDS, "MODELS": MODEL_REGISTRY}
 
 
 def registered() -> dict[str, tuple[str, ...]]:

@@ -15,6 +15,9 @@ Options every such dataset takes (besides its own, e.g. ``data_dir``):
 - ``num_clients``: default 100 (natural: every group, or a seeded sample of that many groups).
 - ``sigma`` (log-normal sizes, default 2.0), ``min_size`` (default 23 = two batches of 10 after the 90/10 split
   for non-IID, 10 for Dirichlet, 2 for natural), ``mixed_groups`` (default ((0.5, 10), (0.3, 5), (0.2, 2))).
+  These belong to the partition kind that reads them: each kind declares its own in an options dataclass
+  (:data:`fedcore.data.partition.PARTITION_KINDS`), which checks them, naming the field (``data.options.alpha``);
+  an option the chosen kind does not have is refused.
 - ``test_fraction`` (default 0.1) and ``split`` (``stratified`` by default; natural partitions of sequence data
   default to the dataset's own, e.g. ``contiguous`` for Shakespeare).
 - ``max_samples``: draw this many samples of the pool at random (seeded) before partitioning (for speed);
@@ -44,6 +47,7 @@ from fedcore.data.partition import (
     is_natural,
     make_partition,
     parse_partition,
+    parse_partition_options,
     split_indices,
 )
 from fedcore.data.paths import ENV_VAR
@@ -79,7 +83,9 @@ class Pool:
 
 @dataclass(frozen=True)
 class ShardOptions:
-    """The partition/split options shared by every pooled dataset (see the module docstring)."""
+    """The partition/split options shared by every pooled dataset (see the module docstring); the fields that
+    belong to one partition kind are declared (and validated) by its options dataclass in
+    :data:`fedcore.data.partition.PARTITION_KINDS`, which :func:`split_options` checks them through."""
 
     partition: str = "iid"
     num_clients: int | None = None
@@ -104,22 +110,15 @@ class ShardOptions:
             if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
                 raise DataError(f"option {name} must be a positive integer, got {v!r}")
 
+        # the partition's own options (alpha, sigma, min_size, ...) are checked by its options dataclass
+        # (fedcore.data.partition, parse_partition_options) in split_options
         pos("num_clients", self.num_clients)
-        pos("classes_per_client", self.classes_per_client)
-        pos("min_size", self.min_size)
-        pos("num_types", self.num_types)
-        pos("classes_per_type", self.classes_per_type)
-        pos("samples_per_client", self.samples_per_client)
         pos("max_samples", self.max_samples)
         pos("max_client_samples", self.max_client_samples)
         if not 0.0 <= float(self.test_fraction) < 1.0:
             raise DataError(f"option test_fraction must be in [0, 1), got {self.test_fraction}")
         if self.split is not None and self.split not in SPLITS:
             raise DataError(f"option split must be one of {', '.join(SPLITS)}, got {self.split!r}")
-        if not (math.isfinite(self.alpha) and self.alpha > 0):
-            raise DataError(f"option alpha must be > 0, got {self.alpha}")
-        if not (math.isfinite(self.sigma) and self.sigma >= 0):
-            raise DataError(f"option sigma must be >= 0, got {self.sigma}")
         groups = tuple((float(f), int(k)) for f, k in self.mixed_groups)
         object.__setattr__(self, "mixed_groups", groups)
 
@@ -207,6 +206,8 @@ def split_options(name: str, options: Mapping[str, Any] | None) -> tuple[dict[st
         else:
             known = sorted(entry.dataset_options | SHARD_OPTION_NAMES)
             raise DataError(f"dataset {name!r}: unknown option {k!r}; known: {', '.join(known)}")
+    if isinstance(shard["partition"], str):  # the partition's options, validated by its kind (naming the field)
+        parse_partition_options(shard["partition"], shard)
     try:
         return own, ShardOptions(**shard)
     except (TypeError, ValueError) as e:

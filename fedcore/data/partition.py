@@ -17,14 +17,17 @@ returns one array of pool indices per client (sorted, int64). Same inputs, same 
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from fedcore.data.base import DataError
-from fedcore.registry import Registry
+from fedcore.errors import ConfigError
+from fedcore.registry import Registry, option_names
 
 IndexList = list[np.ndarray]
 
@@ -425,14 +428,145 @@ def _natural(name: str, labels: np.ndarray, num_clients: int | None, seed: int, 
     return Partition(tuple(parts), groups=ids)
 
 
-# The partition kinds by the name parse_partition reads a partition name as.
+# ---- each kind's options (in data.options beside the dataset's own; see fedcore.data.loaders) ----
+
+def _positive(name: str, v: int | None) -> None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ConfigError(name, f"must be a positive integer, got {v!r}")
+
+
+def _sigma(sigma: float) -> None:
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ConfigError("sigma", f"must be >= 0, got {sigma}")
+
+
+@dataclass(frozen=True)
+class NonIidOptions:
+    """``noniid``: each client draws from k classes."""
+
+    # Classes each client draws from (the k of noniid-<k>, which wins when both are given).
+    classes_per_client: int | None = None
+    # sigma of the log-normal(0, sigma^2) client sizes.
+    sigma: float = 2.0
+    # Fewest samples a client gets (unset: 23, two batches of 10 after the 90/10 split).
+    min_size: int | None = None
+
+    def validate(self) -> NonIidOptions:
+        _positive("classes_per_client", self.classes_per_client)
+        _sigma(self.sigma)
+        _positive("min_size", self.min_size)
+        return self
+
+
+@dataclass(frozen=True)
+class NonIidMixedOptions:
+    """``noniid-mixed``: groups of clients with different numbers of classes."""
+
+    # sigma of the log-normal(0, sigma^2) client sizes.
+    sigma: float = 2.0
+    # Fewest samples a client gets (unset: 23, two batches of 10 after the 90/10 split).
+    min_size: int | None = None
+    # (fraction of clients, classes per client) per group.
+    mixed_groups: tuple[tuple[float, int], ...] = MIXED_GROUPS
+
+    def validate(self) -> NonIidMixedOptions:
+        _sigma(self.sigma)
+        _positive("min_size", self.min_size)
+        return self
+
+
+@dataclass(frozen=True)
+class DirichletOptions:
+    """``dirichlet``: per-class shares ~ Dir(alpha)."""
+
+    # Concentration (0.1: highly skewed); the alpha of dirichlet-<alpha> wins when both are given.
+    alpha: float = 0.1
+    # Fewest samples a client gets (unset: 10).
+    min_size: int | None = None
+
+    def validate(self) -> DirichletOptions:
+        if not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise ConfigError("alpha", f"must be > 0, got {self.alpha}")
+        _positive("min_size", self.min_size)
+        return self
+
+
+@dataclass(frozen=True)
+class TypesOptions:
+    """``types``: DistFL distribution types."""
+
+    # Number of types (disjoint class sets); N/T clients each.
+    num_types: int = 5
+    # Classes per type.
+    classes_per_type: int = 2
+    # Cap on a client's samples (unset: the type's whole pool is dealt out).
+    samples_per_client: int | None = None
+
+    def validate(self) -> TypesOptions:
+        _positive("num_types", self.num_types)
+        _positive("classes_per_type", self.classes_per_type)
+        _positive("samples_per_client", self.samples_per_client)
+        return self
+
+
+@dataclass(frozen=True)
+class NaturalOptions:
+    """``natural``: one client per natural group."""
+
+    # Groups with fewer samples are left out (unset: 2).
+    min_size: int | None = None
+
+    def validate(self) -> NaturalOptions:
+        _positive("min_size", self.min_size)
+        return self
+
+
+# The partition kinds by the name parse_partition reads a partition name as, each with its options.
 PARTITION_KINDS: Registry[PartitionFactory] = Registry("partition", DataError)
 PARTITION_KINDS.add("iid", _iid, summary="shuffled, equal sizes")
-PARTITION_KINDS.add("noniid", _noniid, summary="each client draws from k classes (noniid-k), log-normal sizes")
-PARTITION_KINDS.add("noniid-mixed", _noniid_mixed, summary="50% of clients from 10 classes, 30% from 5, 20% from 2")
-PARTITION_KINDS.add("dirichlet", _dirichlet, summary="per-class shares over the clients ~ Dir(alpha) (dirichlet-alpha)")
-PARTITION_KINDS.add("types", _types, summary="DistFL distribution types: num_types disjoint sets of classes")
-PARTITION_KINDS.add("natural", _natural, summary="one client per natural group (Shakespeare role, HAR volunteer)")
+PARTITION_KINDS.add("noniid", _noniid, options=NonIidOptions,
+                    summary="each client draws from k classes (noniid-k), log-normal sizes")
+PARTITION_KINDS.add("noniid-mixed", _noniid_mixed, options=NonIidMixedOptions,
+                    summary="50% of clients from 10 classes, 30% from 5, 20% from 2")
+PARTITION_KINDS.add("dirichlet", _dirichlet, options=DirichletOptions,
+                    summary="per-class shares over the clients ~ Dir(alpha) (dirichlet-alpha)")
+PARTITION_KINDS.add("types", _types, options=TypesOptions,
+                    summary="DistFL distribution types: num_types disjoint sets of classes")
+PARTITION_KINDS.add("natural", _natural, options=NaturalOptions,
+                    summary="one client per natural group (Shakespeare role, HAR volunteer)")
+
+# Every option some partition kind declares: in data.options these belong to the partition, the rest to the
+# dataset (num_clients, test_fraction, split, max_samples, pool, path, ...).
+PARTITION_OPTION_NAMES = frozenset(option for kind in PARTITION_KINDS.names()
+                                   for option in option_names(PARTITION_KINDS, kind))
+
+
+class PartitionOptionError(ConfigError, DataError):
+    """A partition option the chosen kind refuses: a :class:`ConfigError` naming the field
+    (``data.options.alpha``) that is also a :class:`DataError` (what a dataset loader raises)."""
+
+
+def parse_partition_options(partition: str, options: Mapping[str, Any] | None, path: str = "data.options") -> Any:
+    """The options of partition ``partition`` (a name as :func:`parse_partition` reads it) among ``options`` (a
+    whole ``data.options`` table: the keys no partition declares are the dataset's and are skipped), decoded and
+    validated by the kind's options dataclass; an option the kind does not have is refused naming it
+    (:class:`PartitionOptionError` naming ``path.<field>``). ``auto`` takes the natural partition's options."""
+    kind, _ = parse_partition(partition)
+    if kind == "auto":
+        kind = "natural"
+    given = {k: v for k, v in dict(options or {}).items() if k in PARTITION_OPTION_NAMES}
+    try:
+        if PARTITION_KINDS.plugin(kind).options_type() is None:
+            if given:
+                key = next(iter(given))
+                raise ConfigError(f"{path}.{key}", f"partition {kind!r} has no option {key!r}; it takes none "
+                                                   "(besides the dataset's)")
+            return None
+        return PARTITION_KINDS.parse_options(kind, given, path)
+    except PartitionOptionError:
+        raise
+    except ConfigError as e:
+        raise PartitionOptionError(e.field, str(e)[len(e.field) + 2:]) from None
 
 
 def make_partition(name: str, labels: np.ndarray, num_clients: int | None, seed: int, *,

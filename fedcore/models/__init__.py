@@ -8,12 +8,22 @@ from typing import Any
 
 from torch import nn
 
+from fedcore.errors import ConfigError
+from fedcore.models.registry import MODELS as MODELS
 from fedcore.models.registry import MODELS as _REGISTRY
-from fedcore.models.registry import ModelError, ModelFactory, available_models, is_registered_model, register_model
+from fedcore.models.registry import (
+    ModelError,
+    ModelFactory,
+    available_models,
+    check_model_kwargs,
+    is_registered_model,
+    register_model,
+)
 from fedcore.seeds import GLOBAL_RNG_LOCK, seeded_global_rng
 from fedcore.serialization import TensorMeta, fingerprint, manifest_of
 
-__all__ = ["ModelError", "ModelFactory", "available_models", "build_model", "is_registered_model", "model_fingerprint",
+__all__ = ["MODELS", "ModelError", "ModelFactory", "available_models", "build_model", "check_model_kwargs",
+           "is_registered_model", "model_fingerprint",
            "model_manifest", "register_model",
            "resolve_factory"]
 
@@ -46,6 +56,10 @@ def build_model(name: str, kwargs: Mapping[str, Any] | None = None, seed: int | 
     is, but never in the middle of another thread's seeded construction.
     """
     factory = resolve_factory(name)
+    try:  # a registered model's keywords, through its options dataclass (an import path: as its factory takes them)
+        check_model_kwargs(name, kwargs)
+    except ConfigError as e:
+        raise ModelError(f"model {name!r} rejected its arguments {dict(kwargs or {})}: {e}") from None
     with seeded_global_rng(seed) if seed is not None else GLOBAL_RNG_LOCK:
         try:
             model = factory(**dict(kwargs or {}))

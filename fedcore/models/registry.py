@@ -1,9 +1,23 @@
 """The model registry (names -> factories), a leaf of :mod:`fedcore.models`: the zoo registers into it without
-importing the package that imports the zoo (no import circle)."""
+importing the package that imports the zoo (no import circle).
+
+A model's options are its factory's keyword arguments (``model.kwargs`` in the config): at registration
+:func:`options_of_factory` turns the factory's signature into a frozen options dataclass (one field per keyword,
+its annotation as the type, its default as the default), registered with it, so ``model.kwargs`` is checked through
+:meth:`fedcore.registry.Registry.parse_options` (an unknown keyword or a wrong type names ``model.kwargs.<name>``)
+before the model is built.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import collections.abc
+import copy
+import dataclasses
+import inspect
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from torch import nn
 
@@ -19,8 +33,88 @@ class ModelError(ValueError):
 MODELS: Registry[ModelFactory] = Registry("model", ModelError)
 
 
-def register_model(name: str) -> Callable[[ModelFactory], ModelFactory]:
-    return MODELS.register(name)
+def _field_type(tp: Any) -> Any:
+    """An annotation as an options field type the config decoder checks: ``Sequence[X]`` is read as
+    ``tuple[X, ...]`` (a TOML list), in unions too; everything else as annotated."""
+    origin = typing.get_origin(tp)
+    if origin is collections.abc.Sequence:
+        args = typing.get_args(tp)
+        return tuple[args[0], ...] if args else tuple  # type: ignore[valid-type]
+    if origin in (typing.Union, types.UnionType):
+        args = tuple(_field_type(a) for a in typing.get_args(tp))
+        return typing.Union[args]  # noqa: UP007
+    return tp
+
+
+def _copier(value: Any) -> Callable[[], Any]:
+    def fresh() -> Any:
+        return copy.deepcopy(value)
+
+    return fresh
+
+
+def options_of_factory(name: str, factory: Callable[..., Any]) -> type | None:
+    """A frozen dataclass of ``factory``'s keyword arguments (names, types from the annotations, defaults
+    identical; a keyword without a default is a required field), or None when its keywords cannot be listed
+    (``**kwargs``, positional-only parameters, no signature): such a factory is given its ``model.kwargs`` as is."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in params.values()):
+        return None
+    try:
+        hints = typing.get_type_hints(factory)
+    except Exception:  # an annotation that does not resolve: the field takes any value
+        hints = {}
+    fields: list[tuple[str, Any, Any]] = []
+    for p in params.values():
+        tp = _field_type(hints.get(p.name, Any))
+        if p.default is inspect.Parameter.empty:
+            fields.append((p.name, tp, dataclasses.field()))
+        elif isinstance(p.default, (list, dict, set)):  # a mutable default: a fresh copy of it each time
+            fields.append((p.name, tp, dataclasses.field(default_factory=_copier(p.default))))
+        else:
+            fields.append((p.name, tp, dataclasses.field(default=p.default)))
+    title = "".join(part.capitalize() for part in name.replace("-", "_").split("_")) or "Model"
+    cls = dataclasses.make_dataclass(f"{title}Options", fields, frozen=True, kw_only=True)
+    cls.__doc__ = f"The keyword arguments of model {name!r} ({getattr(factory, '__qualname__', factory)})."
+    return cls
+
+
+def _first_sentence(factory: Callable[..., Any], limit: int = 84) -> str:
+    """The first sentence of ``factory``'s docstring (cut at a word to ``limit`` characters): its one line."""
+    paragraph = " ".join((inspect.getdoc(factory) or "").split("\n\n")[0].split())
+    sentence, cut = paragraph, 0
+    while (cut := paragraph.find(". ", cut) + 1) > 0:  # the first ". " outside parentheses ("App. D")
+        if paragraph.count("(", 0, cut) == paragraph.count(")", 0, cut):
+            sentence = paragraph[:cut]
+            break
+    sentence = sentence.rstrip(".")
+    if len(sentence) > limit:
+        sentence = sentence[: limit - 3].rsplit(" ", 1)[0] + " ..."
+    return sentence
+
+
+def register_model(name: str, *, summary: str = "") -> Callable[[ModelFactory], ModelFactory]:
+    """Register ``factory`` as model ``name`` with the options dataclass of its keyword arguments."""
+
+    def deco(factory: ModelFactory) -> ModelFactory:
+        MODELS.add(name, factory, options=options_of_factory(name, factory),
+                   summary=summary or _first_sentence(factory))
+        return factory
+
+    return deco
+
+
+def check_model_kwargs(name: str, kwargs: Mapping[str, Any] | None, path: str = "model.kwargs") -> None:
+    """Validate ``kwargs`` of registered model ``name`` through its options dataclass (:class:`ConfigError`
+    naming ``path.<keyword>``); an import path or a model whose keywords cannot be listed is left to its factory."""
+    if ":" in name or name not in MODELS:
+        return
+    if MODELS.plugin(name).options_type() is None:
+        return
+    MODELS.parse_options(name, kwargs, path)
 
 
 def available_models() -> list[str]:
