@@ -100,14 +100,7 @@ class Registry(Generic[T]):
             return None
         self._known_options(name, options_type, table, path)
         options: Any = from_dict(options_type, table, path)
-        validate = getattr(options, "validate", None)
-        if callable(validate):
-            try:
-                validate()
-            except ConfigError as e:
-                raise e.under(path) from None
-            except ValueError as e:
-                raise ConfigError(path, str(e)) from None
+        self.validate_options(name, options, path)
         return options
 
     def coerce_options(self, name: str, options: Any, path: str) -> Any:
