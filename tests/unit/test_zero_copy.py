@@ -25,18 +25,9 @@ from fedcore.serialization import (
 )
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
+from tests.unit.test_serialization import _random_tensor as _tensor
 
 MESSAGES = [pb.TaskMessage, pb.UpdateMessage]
-
-
-def _tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if dtype.is_floating_point:
-        return (torch.randn(shape, generator=g, dtype=torch.float64) * 1e3).to(dtype)
-    info = torch.iinfo(dtype)
-    return torch.randint(max(info.min, -(2**62)), min(info.max, 2**62), shape, generator=g, dtype=dtype)
 
 
 def _bits(t: torch.Tensor) -> bytes:
