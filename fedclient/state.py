@@ -49,6 +49,8 @@ VERSION = 1
 LEGACY_ID_FILE = "client.json"
 LEGACY_PRIVATE_MODEL_FILE = PRIVATE_MODEL_FILE
 LEGACY_FILES = (LEGACY_ID_FILE, LEGACY_PRIVATE_MODEL_FILE, INDIVIDUAL_STATE_FILE)
+# Where a migration moves the old layout's files (kept, never read again).
+LEGACY_DIR = "legacy-layout"
 
 
 class ClientStateError(RuntimeError):
@@ -225,9 +227,18 @@ class ClientState:
         if not legacy:
             return cls(directory)
         doc = read_legacy(directory)
-        write_state_file(path, doc)  # synced before anything old is removed
+        write_state_file(path, doc)  # synced before anything old is moved
+        # The old files are kept, moved aside (the new layout no longer stores the private model's weights: deleting
+        # private_model.fgt would lose them); a second migration's files never overwrite the first's.
+        aside = directory / LEGACY_DIR
+        aside.mkdir(exist_ok=True)
         for old in legacy:
-            old.unlink()
+            target = aside / old.name
+            n = 1
+            while target.exists():
+                target = aside / f"{old.name}.{n}"
+                n += 1
+            os.rename(old, target)
         _sync_dir(directory)
         if log is not None:
             log.info("client_state.migrated", state_dir=str(directory), file=STATE_FILE,

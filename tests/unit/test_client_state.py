@@ -12,6 +12,7 @@ import torch
 from fedclient import FedClient, FedClientError
 from fedclient.state import (
     FORMAT,
+    LEGACY_DIR,
     LEGACY_FILES,
     STATE_FILE,
     VERSION,
@@ -85,12 +86,15 @@ def test_without_a_state_dir_nothing_is_written(tmp_path: Path, monkeypatch: pyt
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_old_layout_is_migrated_and_only_then_removed(tmp_path: Path) -> None:
+def test_the_old_layout_is_migrated_and_only_then_moved_aside(tmp_path: Path) -> None:
     d = tmp_path / "old"
     _old_layout(d)
     trainer_bytes = (d / TRAINER_STATE_FILE).read_bytes()
+    old_bytes = {name: (d / name).read_bytes() for name in LEGACY_FILES}
     state = ClientState.open(d, LOG)
-    assert sorted(p.name for p in d.iterdir()) == sorted([STATE_FILE, TRAINER_STATE_FILE])
+    assert sorted(p.name for p in d.iterdir()) == sorted([STATE_FILE, TRAINER_STATE_FILE, LEGACY_DIR])
+    # Nothing is deleted: the old files, byte for byte, under legacy-layout/ (the private model's weights too).
+    assert {p.name: p.read_bytes() for p in (d / LEGACY_DIR).iterdir()} == old_bytes
     assert (d / TRAINER_STATE_FILE).read_bytes() == trainer_bytes  # the tensor file stays as it is
     assert state.client_id() == "client-0123456789ab"
     assert state.individual() == IndividualState(negative_count=2, adapting=True, started_round=4, last_round=5)
