@@ -33,7 +33,6 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
-from PIL import Image
 
 from fedcore.data.base import DataError
 from fedcore.data.loaders import (
@@ -98,6 +97,8 @@ def _stamp(path: Path) -> tuple[int, int]:
 
 
 def _decode(data: bytes, name: str) -> np.ndarray:
+    from PIL import Image  # imported here: only an image archive needs it (a process that never reads one skips it)
+
     with Image.open(io.BytesIO(data)) as im:
         a = np.asarray(im.convert("RGB"), dtype=np.uint8)
     if a.shape != (32, 32, 3):

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 from fedcore.data.base import DataError
 from fedcore.data.loaders import Pool, federated_dataset, images_to_tensor, readonly
@@ -108,6 +107,8 @@ def image_folder_files(root: Path) -> tuple[tuple[str, ...], list[tuple[Path, in
 
 @functools.lru_cache(maxsize=4)
 def _load_images(root: str, mode: str, image_size: int | None) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    from PIL import Image  # imported here: only an image folder needs it (a process that never reads one skips it)
+
     classes, files = image_folder_files(Path(root))
     arrays = []
     for f, _ in files:
