@@ -356,6 +356,98 @@ class Bench:
         return s1, s2, idle_cpu, t1 - t0
 
 
+def _self_anon() -> int:
+    m = read_memory(os.getpid())
+    assert m is not None
+    return m.rss_anon
+
+
+def top_lines(stats: Iterable[Any], root: str, n: int) -> list[tuple[str, int]]:
+    """tracemalloc statistics ('traceback') grouped by the deepest frame in fedguard's own code (else the
+    allocating frame): (file:line, bytes), the ``n`` largest."""
+    by: dict[str, int] = {}
+    for st in stats:
+        own = [f for f in st.traceback if f.filename.startswith(root)]
+        f = own[-1] if own else st.traceback[-1]
+        key = f"{f.filename.removeprefix(root)}:{f.lineno}"
+        by[key] = by.get(key, 0) + st.size
+    return sorted(by.items(), key=lambda kv: -kv[1])[:n]
+
+
+def decompose(bench: Bench, n: int) -> None:
+    """Where one virtual client's memory goes: ``n`` clients in this process against a server that waits for more
+    (so they stay parked), in steps; RssAnon deltas per client, tracemalloc for the Python part."""
+    import gc
+    import threading
+    import tracemalloc
+
+    import torch
+
+    from fedclient import ClientConfig, FedClient
+    from fedcore.data import load_client_data
+    from fedcore.log import configure_logging
+    from fedcore.models import build_model
+
+    a = bench.args
+    configure_logging(json=True, level="error")
+    torch.set_num_threads(1)
+    server = bench.server("server-e", 1, 1, 2 * n + 2)
+    watch = Watch(bench.tmp / "server-e.log")
+    kw: dict[str, Any] = {"server": bench.address, "trainer": "noop", "insecure": True, "log_level": "error"}
+    warm = FedClient(ClientConfig(client_id="warm-up", data_index=2 * n + 1, **kw)).start()  # one-time costs
+    _wait_for("the warm-up join", lambda: watch.count("client.joined") >= 1, [server], 120, watch.poll)
+    time.sleep(1.0)
+    rows: list[tuple[str, float]] = []
+    gc.collect()
+    m0 = _self_anon()
+    release = threading.Event()
+    threads = [threading.Thread(target=release.wait, daemon=True) for _ in range(2 * n)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    m1 = _self_anon()
+    release.set()
+    for t in threads:
+        t.join()
+    rows.append(("2 idle Python threads (the client's and gRPC's channel spin thread)", (m1 - m0) / n))
+    gc.collect()
+    m0 = _self_anon()
+    apart = [(load_client_data("synthetic", i, a.seed, {}), build_model(a.model, {"hidden": a.hidden}
+                                                                        if a.model == "mlp" else {}))
+             for i in range(n)]
+    gc.collect()
+    m1 = _self_anon()
+    rows.append(("model + data built apart (tensors, nn.Module objects, malloc)", (m1 - m0) / n))
+    del apart
+    tracemalloc.start(12)
+    gc.collect()
+    t0, m0 = tracemalloc.get_traced_memory()[0], _self_anon() - tracemalloc.get_tracemalloc_memory()
+    clients = [FedClient(ClientConfig(client_id=f"parked-{i}", data_index=i, **kw)) for i in range(n)]
+    for c in clients:
+        c.start()
+    _wait_for(f"{n} joins", lambda: watch.count("client.joined") >= n + 1, [server], 600, watch.poll)
+    _wait_for("the clients' models and data", lambda: all(c.model is not None and c.data is not None
+                                                          for c in clients), [server], 600)
+    time.sleep(2.0)  # their long-polls settle
+    gc.collect()
+    t1, m1 = tracemalloc.get_traced_memory()[0], _self_anon() - tracemalloc.get_tracemalloc_memory()
+    snap = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    rows.append(("a started, joined, parked FedClient (its model + data included)", (m1 - m0) / n))
+    rows.append(("  of which Python objects (tracemalloc; nn.Module objects included)", (t1 - t0) / n))
+    for c in [*clients, warm]:
+        threading.Thread(target=c.stop, daemon=True).start()
+    root = str(Path(__file__).resolve().parent.parent) + "/"
+    server.terminate()
+    bench.finish([server], 60)
+    print(f"(e) where a virtual client's memory goes ({n} clients parked in this process; KiB per client)")
+    for what, value in rows:
+        _row(what, f"{value / 1024:.1f}")
+    print("  largest Python allocations per client (tracemalloc, by fedguard's deepest frame):")
+    for where, size in top_lines(snap.statistics("traceback"), root, 12):
+        _row(f"  {where}", f"{size / n / 1024:.2f}")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -378,6 +470,8 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=10.0, help="(c): seconds the N2 host's idle CPU is measured")
     ap.add_argument("--seed", type=int, default=0, help="the federation's seed (the clients' shards)")
     ap.add_argument("--skip-hosts", action="store_true", help="measure (a), (b) and (d) only")
+    ap.add_argument("--decompose", type=int, default=0, metavar="N",
+                    help="(e): also break one virtual client's memory down, with N clients parked in this process")
     args = ap.parse_args()
     if args.hosts[0] == args.hosts[1]:
         ap.error("--hosts: N1 and N2 must differ")
@@ -394,8 +488,18 @@ def main() -> int:
         client, _ = bench.client_process()
         hosts = None if args.skip_hosts else bench.hosts()
         imported = {name: bench.modules(name) for name in ("server-b", "client", "host-n2")}
+        report(args, torch_only, baseline, model, shards, client, hosts, imported)
+        if args.decompose:
+            decompose(bench, args.decompose)
         for log in bench.logs:
             log.close()
+    return 0
+
+
+def report(args: argparse.Namespace, torch_only: Memory, baseline: Memory, model: int, shards: dict[int, int],
+           client: Sampled, hosts: tuple[Sampled, Sampled, float, float] | None,
+           imported: dict[str, list[str] | None]) -> None:
+    n1, n2 = args.hosts
 
     print(f"fedguard memory (issue 30 item 5): {args.model} {args.hidden if args.model == 'mlp' else ''}, "
           f"synthetic data, no-op trainer, {os.cpu_count()} cores; MiB")
@@ -437,7 +541,6 @@ def main() -> int:
         found = "(not recorded)" if mods is None else (", ".join(heavy_imports(mods)) or "none")
         _row(f"{label}: {found}", "", "none", "n/a" if mods is None else
              ("PASS" if not heavy_imports(mods, ("torchvision", "matplotlib", "ray")) else "MISS"))
-    return 0
 
 
 if __name__ == "__main__":
