@@ -19,6 +19,12 @@ with ``bash tools/flower_env.sh`` (FEDGUARD_FLOWER_VENV, default ~/.cache/fedgua
     python tools/bench_flower.py                      # K = 10, 10 timed rounds, 4,554-parameter MLP, one pair
     python tools/bench_flower.py --pairs 2            # fedguard, Flower, fedguard, Flower
     python tools/bench_flower.py -k 5 --rounds 5 --hidden 1024 512
+    python tools/bench_flower.py --simulation         # also Flower's simulation engine (Ray; reported apart)
+
+``--simulation`` adds, in each pair, Flower's simulation engine: a ``flower-superlink --simulation`` whose
+simulation runtime runs the same app with K virtual SuperNodes in Ray actors of one process tree (no SuperNode
+processes, no Fleet API, no per-message process). It is not comparable with fedguard's real processes and is
+reported on its own line; it needs ``FEDGUARD_FLOWER_SIMULATION=1 bash tools/flower_env.sh``.
 """
 
 from __future__ import annotations
@@ -74,6 +80,12 @@ def flower_venv(arg: str | None) -> Path:
 
 def missing_executables(venv: Path) -> list[str]:
     return [name for name in FLOWER_EXECUTABLES if not os.access(venv / "bin" / name, os.X_OK)]
+
+
+def has_ray(venv: Path) -> bool:
+    """Whether Flower's environment can import Ray (the simulation engine's backend)."""
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('ray') else 1)"
+    return subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, timeout=60).returncode == 0
 
 
 def _free_port() -> int:
@@ -158,10 +170,11 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait(5)
 
 
-def run_flower(venv: Path, k: int, rounds: int, shapes: list[tuple[int, ...]], seed: int,
-               work: Path) -> SideResult:
+def run_flower(venv: Path, k: int, rounds: int, shapes: list[tuple[int, ...]], seed: int, work: Path,
+               simulation: bool = False) -> SideResult:
     """A SuperLink, K SuperNodes and ``flwr run`` of tools/flower_bench on loopback; the ServerApp's per-round
-    timings. ``work`` receives the logs and the Flower home (FLWR_HOME) of this run."""
+    timings. ``simulation``: a simulation SuperLink and K virtual SuperNodes instead (no SuperNode processes).
+    ``work`` receives the logs and the Flower home (FLWR_HOME) of this run."""
     from tools.flower_bench.fgbench.model import format_shapes
 
     bindir = venv / "bin"
@@ -187,19 +200,21 @@ def run_flower(venv: Path, k: int, rounds: int, shapes: list[tuple[int, ...]], s
 
     try:
         link = start([str(bindir / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
-                      str(link_port), "--disable-runtime-dependency-installation"], "superlink")
+                      str(link_port), "--disable-runtime-dependency-installation",
+                      *(["--simulation"] if simulation else [])], "superlink")
         try:
             _wait_port(link_port, link, 90)
         except RuntimeError as e:
             raise RuntimeError(f"flower-superlink {e}:\n{_tail(work / 'superlink.log')}") from None
-        for i in range(k):
+        for i in range(0 if simulation else k):
             start([str(bindir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link_port}",
                    "--host", "127.0.0.1", "--port", str(_free_port()),
                    "--node-config", f"partition-id={i} num-partitions={k}"], f"supernode-{i}")
         config = (f"num-server-rounds={total} min-nodes={k} shapes='{format_shapes(shapes)}' seed={seed} "
                   f"timing-file='{timing}'")
-        runner = start([str(bindir / "flwr"), "run", str(APP_DIR), "bench", "--run-config", config, "--stream"],
-                       "flwr-run")
+        federation = ["--federation-config", f"num-supernodes={k}"] if simulation else []
+        runner = start([str(bindir / "flwr"), "run", str(APP_DIR), "bench", "--run-config", config, *federation,
+                        "--stream"], "flwr-run")
         deadline = time.monotonic() + 120 + 60 * total
         exited_at: float | None = None
         rows: list[dict[str, float]] = []
@@ -256,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=1, help="fedguard-then-Flower runs, interleaved")
     ap.add_argument("--seed", type=int, default=0, help="seed of the Flower model's initial arrays")
     ap.add_argument("--flower-venv", help=f"Flower's environment (default ${VENV_ENV} or {DEFAULT_VENV})")
+    ap.add_argument("--simulation", action="store_true",
+                    help="also run Flower's simulation engine (Ray, K virtual SuperNodes), reported apart")
     ap.add_argument("--keep", metavar="DIR", help="keep every run's logs under DIR (a new directory)")
     args = ap.parse_args(argv)
     if str(ROOT) not in sys.path:  # run as a script: tools.flower_bench is imported from this repository
@@ -270,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
               f"Create it (a separate venv with flwr; never fedguard's) with:\n    {create}\n"
               f"or point --flower-venv / ${VENV_ENV} at one.", file=sys.stderr)
         return 2
+    if args.simulation and not has_ray(venv):
+        print(f"bench_flower: --simulation needs Flower's simulation extra (Ray) in {venv}; add it with:\n"
+              f"    {VENV_ENV}={venv} FEDGUARD_FLOWER_SIMULATION=1 bash tools/flower_env.sh", file=sys.stderr)
+        return 2
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=False)  # never writes into a directory it did not make
@@ -282,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
           f"1 warm-up, {args.pairs} pair(s), loopback, insecure")
     fed: list[SideResult] = []
     flo: list[SideResult] = []
+    sim: list[SideResult] = []
     with TemporaryDirectory() as tmp:
         base = keep or Path(tmp)
         for pair in range(1, args.pairs + 1):
@@ -300,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"pair {pair}: Flower deployment engine (SuperLink + {args.k} SuperNodes + ServerApp): median "
                       f"{result.median:.4f} s per round (min {result.low:.4f}, max {result.high:.4f}); wall between "
                       f"completions {result.wall:.4f} s", flush=True)
+                if args.simulation:
+                    result = run_flower(venv, args.k, args.rounds, shapes, args.seed, work / "flower-simulation",
+                                        simulation=True)
+                    sim.append(result)
+                    print(f"pair {pair}: Flower SIMULATION engine (Ray, {args.k} virtual SuperNodes; not comparable "
+                          f"with real processes): median {result.median:.4f} s per round (min {result.low:.4f}, max "
+                          f"{result.high:.4f}); wall between completions {result.wall:.4f} s", flush=True)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 print(f"bench_flower: pair {pair} failed: {e}", file=sys.stderr)
                 if keep is not None:
@@ -311,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
           f"fedguard {fed_med:.4f}, Flower {flo_med:.4f}; Flower / fedguard = {flo_med / fed_med:.0f}x")
     print(f"wall seconds per round (between completions): fedguard {statistics.median(r.wall for r in fed):.4f}, "
           f"Flower {statistics.median(r.wall for r in flo):.4f}")
+    if sim:
+        sim_med = statistics.median(r.median for r in sim)
+        print(f"Flower simulation engine (separately; virtual SuperNodes, not real processes): median {sim_med:.4f} s "
+              f"per round; Flower simulation / fedguard = {sim_med / fed_med:.1f}x")
     return 0
 
 

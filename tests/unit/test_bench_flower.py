@@ -139,3 +139,16 @@ def test_half_built_flower_venv_names_what_is_missing(tmp_path: Path) -> None:
     assert "missing: bin/flower-superlink, bin/flower-supernode" in proc.stderr
     assert "bin/python" not in proc.stderr.split("missing:")[1].split(")")[0]
     assert bf.missing_executables(venv) == ["flower-superlink", "flower-supernode"]
+
+
+def test_simulation_without_ray_says_how_to_add_it(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for name in bf.FLOWER_EXECUTABLES:  # a python that cannot import ray (nor anything)
+        exe = venv / "bin" / name
+        exe.write_text("#!/bin/sh\nexit 1\n")
+        exe.chmod(0o755)
+    assert not bf.has_ray(venv)
+    proc = _run_script("--simulation", "--flower-venv", str(venv))
+    assert proc.returncode == 2
+    assert f"{bf.VENV_ENV}={venv} FEDGUARD_FLOWER_SIMULATION=1 bash tools/flower_env.sh" in proc.stderr
