@@ -36,6 +36,9 @@ class ClientRecord:
     ready: bool = False
 
 
+DERIVED_FIELDS = ("counts", "graced")  # RoundState's fields that are derived, never saved
+
+
 @dataclass
 class RoundState:
     # The round in progress (1-based); rounds completed = round - 1 (or num_rounds once finished).
@@ -60,11 +63,19 @@ class RoundState:
     assembled: bool = False
     # Uploads refused because their round (or attempt) had already closed, since the federation began.
     late_total: int = 0
+    # Derived, not saved: (alive, alive and ready) client counts, kept by :func:`step` as each observation changes
+    # one record, so a contact costs O(1) in the size of the fleet instead of a count over every client (a
+    # 10,000-client fleet joining would cost 10^8 record visits). None: count afresh (after from_dict, and after a
+    # liveness check, which may change many records). Code outside :func:`step` that changes a record's ``alive``
+    # or ``ready`` must set it to None.
+    counts: tuple[int, int] | None = field(default=None, compare=False, repr=False)
+    # Derived, not saved: the (round, attempt) whose selected clients the poll grace has been applied to.
+    graced: tuple[int, int] | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data, equal to ``dataclasses.asdict`` but ~20x faster: a snapshot of a 1,000-client fleet
         every round must not cost tens of milliseconds."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in DERIVED_FIELDS}
         d["selected"], d["accepted"], d["rejected"] = list(self.selected), list(self.accepted), dict(self.rejected)
         d["declined"] = list(self.declined)
         d["clients"] = {cid: dict(vars(rec)) for cid, rec in self.clients.items()}
@@ -73,8 +84,21 @@ class RoundState:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RoundState:
         d = dict(d)
+        for name in DERIVED_FIELDS:
+            d.pop(name, None)
         d["clients"] = {k: ClientRecord(**v) for k, v in d.get("clients", {}).items()}
         return cls(**d)
+
+    def alive_and_available(self) -> tuple[int, int]:
+        """(clients alive, clients alive and ready), from :attr:`counts` or counted afresh."""
+        if self.counts is None:
+            alive = ready = 0
+            for c in self.clients.values():
+                if c.alive:
+                    alive += 1
+                    ready += c.ready
+            self.counts = (alive, ready)
+        return self.counts
 
     def alive_ids(self) -> list[str]:
         return sorted(cid for cid, c in self.clients.items() if c.alive)
@@ -138,6 +162,10 @@ class Tick:
     now: float
     # Clients holding a connection open right now (parked in a long-poll): alive whatever their last message.
     connected: frozenset[str] = frozenset()
+    # Check liveness (every client's silence against the patience, and the poll grace): O(N). A tick without it
+    # only moves time-driven phases on (deadlines, the sampling timeout), so a shell may tick often and check
+    # liveness seldom.
+    liveness: bool = True
 
 
 @dataclass(frozen=True)
@@ -277,6 +305,8 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
     # round could start on; time-driven transitions come with Tick. Skipping the check keeps a contact O(1) in
     # the size of the fleet (a thousand parked clients would otherwise be counted on every poll).
     quiet = False
+    touched = getattr(obs, "client_id", None) if isinstance(obs, Joined | Seen | Polled | Declined | Left) else None
+    before = _standing(s, touched)
     if isinstance(obs, Joined):
         rec = s.clients.get(obs.client_id)
         if rec is None:
@@ -319,11 +349,22 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
                                      obs.reason))
         s.attempt += 1
         _to_sampling(s, obs.now)
+    if touched is not None and s.counts is not None:
+        after = _standing(s, touched)
+        s.counts = (s.counts[0] + after[0] - before[0], s.counts[1] + after[1] - before[1])
     if isinstance(obs, Tick):
-        _advance(s, obs.now, config, limits, events, check_liveness=True, connected=obs.connected)
+        _advance(s, obs.now, config, limits, events, check_liveness=obs.liveness, connected=obs.connected)
     elif not (quiet and s.phase == SAMPLING):
         _advance(s, obs.now, config, limits, events)
     return s, events
+
+
+def _standing(s: RoundState, client_id: str | None) -> tuple[int, int]:
+    """(alive, alive and ready) of one client, as 0/1 (0, 0 for an unknown or no client)."""
+    rec = s.clients.get(client_id) if client_id is not None else None
+    if rec is None or not rec.alive:
+        return 0, 0
+    return 1, int(rec.ready)
 
 
 def _next_round(s: RoundState, now: float, config: RoundsConfig, events: list[Event], finish: str = "") -> None:
@@ -352,6 +393,7 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
                 s.clients[cid].last_seen = now
         grace = limits.poll_grace_s
         selected = set(s.selected) if grace and s.phase != SAMPLING else set()
+        s.counts = None  # many records may change: counted afresh below
         for cid in sorted(s.clients):
             rec = s.clients[cid]
             if rec.alive and now - rec.last_seen > limits.heartbeat_patience_s:
@@ -360,7 +402,7 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
             elif grace and rec.ready and now - rec.last_seen > grace and cid not in selected:
                 rec.ready = False
     if s.phase == SAMPLING:
-        available = sum(1 for c in s.clients.values() if c.alive and c.ready)
+        available = s.alive_and_available()[1]
         if available >= config.effective_min_available:
             s.assembled = True
         if available >= start_needs(s, config):
@@ -374,15 +416,25 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
     elif s.phase == TRAINING:
         k = config.clients_per_round
         grace = limits.poll_grace_s
-        pending = [c for c in s.selected if c not in s.accepted and c not in s.rejected and c not in s.declined
-                   and s.clients[c].alive]
-        if grace and now - s.phase_since >= grace:
+        # Who has answered, as one set: membership tests in the lists would make each observation O(K^2).
+        answered = set(s.accepted)
+        answered.update(s.rejected)
+        answered.update(s.declined)
+        graced = bool(grace) and now - s.phase_since >= grace
+        if graced and s.graced != (s.round, s.attempt):
             # Selected clients that did not come for their task within the grace are not waited for, and are not
-            # ready again until they poll (else the next attempt could select the same silent ids).
-            for c in pending:
-                if s.clients[c].last_seen <= s.phase_since:
-                    s.clients[c].ready = False
-            pending = [c for c in pending if s.clients[c].last_seen > s.phase_since]
+            # ready again until they poll (else the next attempt could select the same silent ids). Once per
+            # attempt: a client's last_seen only grows, so no other client can fall under it later.
+            for c in s.selected:
+                rec = s.clients[c]
+                if c not in answered and rec.alive and rec.last_seen <= s.phase_since and rec.ready:
+                    rec.ready = False
+                    if s.counts is not None:
+                        s.counts = (s.counts[0], s.counts[1] - 1)
+            s.graced = (s.round, s.attempt)
+        # Stops at the first client still owed an update: early in a round, one of the first few selected.
+        pending = any(c not in answered and s.clients[c].alive
+                      and (not graced or s.clients[c].last_seen > s.phase_since) for c in s.selected)
         if len(s.accepted) >= k:
             _close(s, now, "quorum", events)
         elif not pending and len(s.accepted) >= config.effective_min_updates:
@@ -404,7 +456,7 @@ def start_needs(s: RoundState, config: RoundsConfig) -> int:
     at once instead of stalling the federation until ``sampling_timeout_s``."""
     if not s.assembled:
         return config.effective_min_available
-    alive = sum(1 for c in s.clients.values() if c.alive)
+    alive = s.alive_and_available()[0]
     return max(config.effective_min_updates, min(config.effective_min_available, alive))
 
 

@@ -230,6 +230,12 @@ class Coordinator:
             self._finish(self.state.completed_rounds, self.state.outcome)
         self.timing.sampling()
         self.observe(rm.Tick(self.clock()))
+        # Liveness (O(N): every client's silence, the connected set) a few times per patience and grace, not on
+        # every wake-up: a round start wakes the loop K times a second in a busy fleet.
+        checks = [self.limits.heartbeat_patience_s / 4, 1.0]
+        if self.limits.poll_grace_s:
+            checks.append(self.limits.poll_grace_s / 4)
+        liveness_every, last_liveness = min(checks), self.clock()
         while not self._finished.is_set() and not self.stopping:
             wake = self._wake
             timeout = 0.25
@@ -239,8 +245,12 @@ class Coordinator:
                 await asyncio.wait_for(wake.wait(), timeout=timeout)
             self._reap_close()
             if not self.stopping:
-                # A client parked in a long-poll is connected, hence alive.
-                self.observe(rm.Tick(self.clock(), self.polls.connected()))
+                now = self.clock()
+                if now - last_liveness >= liveness_every:  # a client parked in a long-poll is connected: alive
+                    last_liveness = now
+                    self.observe(rm.Tick(now, self.polls.connected()))
+                else:
+                    self.observe(rm.Tick(now, liveness=False))
                 self._waiting.maybe_log(self.state, self.clock())
         return self.status()
 

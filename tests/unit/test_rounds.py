@@ -323,7 +323,81 @@ def test_to_dict_equals_asdict_and_copies_what_it_returns() -> None:
     s = _machine(3, cfg)
     s, _ = rm.step(s, rm.UpdateRejected(s.selected[0], 1, "bad", 1.0), cfg, LIMITS)
     d = s.to_dict()
-    assert d == dataclasses.asdict(s)
+    assert d == {k: v for k, v in dataclasses.asdict(s).items() if k not in rm.DERIVED_FIELDS}
     d["clients"]["c0"]["alive"] = False
     d["selected"].append("x")
     assert s.clients["c0"].alive and "x" not in s.selected
+
+
+def _fresh_counts(s: rm.RoundState) -> tuple[int, int]:
+    alive = [c for c in s.clients.values() if c.alive]
+    return len(alive), sum(c.ready for c in alive)
+
+
+def test_counts_kept_by_step_equal_a_fresh_count_through_a_random_history() -> None:
+    """The (alive, ready) counts step keeps instead of counting every client per contact stay exact through joins,
+    polls, declines, leaves, drops, grace, uploads and round changes (seeded random history of 3,000 steps)."""
+    import numpy as np
+
+    cfg = RoundsConfig(num_rounds=50, clients_per_round=4, min_available=6, round_timeout_s=5.0)
+    limits = rm.Limits(heartbeat_patience_s=3.0, poll_grace_s=1.0)
+    rng = np.random.default_rng(7)
+    s, now, kept = rm.RoundState(), 0.0, 0
+    ids = [f"c{i}" for i in range(12)]
+    for _ in range(3000):
+        now += float(rng.exponential(0.2))
+        cid = ids[int(rng.integers(len(ids)))]
+        kind = int(rng.integers(9))
+        obs: rm.Observation
+        if kind == 0:
+            obs = rm.Joined(cid, now, num_samples=5)
+        elif kind in (1, 2):
+            obs = rm.Polled(cid, now)
+        elif kind == 3:
+            obs = rm.Seen(cid, now)
+        elif kind == 4:
+            obs = rm.Declined(cid, now)
+        elif kind == 5:
+            obs = rm.Left(cid, now)
+        elif kind == 6 and s.phase == rm.TRAINING and s.selected:
+            obs = rm.UpdateAccepted(s.selected[int(rng.integers(len(s.selected)))], s.round, now)
+        elif kind == 7:
+            obs = rm.Tick(now, frozenset(ids[:3]), liveness=bool(rng.integers(2)))
+        elif s.phase == rm.AGGREGATING:
+            obs = rm.Aggregated(s.round, now)
+        else:
+            obs = rm.Tick(now, liveness=False)
+        s, _ = rm.step(s, obs, cfg, limits)
+        if s.counts is not None:
+            kept += 1
+            assert s.counts == _fresh_counts(s), (obs, s.counts)
+        assert s.alive_and_available() == _fresh_counts(s)
+        if s.phase == rm.FINISHED:
+            break
+    assert kept > 1000  # the kept counts were in use, not recounted every step
+    assert s.round > 3  # the history went through rounds
+
+
+def test_joins_keep_the_counts_instead_of_counting_the_fleet() -> None:
+    """After the first count, a join or a first poll updates the counts by one: no pass over every client (what
+    made a 10,000-client fleet's joins cost 10^8 record visits)."""
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=10, min_available=2000)
+    s = rm.RoundState()
+    s, _ = rm.step(s, rm.Tick(0.0), cfg, LIMITS)
+    assert s.counts == (0, 0)
+    for i in range(1500):
+        s, _ = rm.step(s, rm.Joined(f"c{i}", 0.1), cfg, LIMITS)
+        s, _ = rm.step(s, rm.Polled(f"c{i}", 0.2), cfg, LIMITS)
+    assert s.counts == (1500, 1500) == _fresh_counts(s)
+    s, _ = rm.step(s, rm.Left("c3", 0.3), cfg, LIMITS)
+    assert s.counts == (1499, 1499)
+    assert rm.RoundState.from_dict(s.to_dict()).counts is None  # derived: never saved, counted afresh
+
+
+def test_a_tick_without_liveness_drops_no_one() -> None:
+    cfg = RoundsConfig(num_rounds=1, clients_per_round=2, min_available=3)
+    s = _machine(2, cfg)
+    s, ev = rm.step(s, rm.Tick(100.0, liveness=False), cfg, LIMITS)
+    assert not any(isinstance(e, rm.ClientDropped) for e in ev) and all(c.alive for c in s.clients.values())
+    s, ev = rm.step(s, rm.Tick(100.0), cfg, LIMITS)
+    assert sum(isinstance(e, rm.ClientDropped) for e in ev) == 2
