@@ -101,6 +101,43 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float,
     return [(results[i][0], results[i][1], anon[i], results[i][2]) for i in range(len(procs))]
 
 
+def _count_in(path: Path, needle: bytes) -> int:
+    try:
+        return path.read_bytes().count(needle)
+    except OSError:
+        return 0
+
+
+def idle_report(server: subprocess.Popen[bytes], log: Path, n: int, seconds: float,
+                hosts: list[subprocess.Popen[bytes]]) -> None:
+    """Wait until ``n`` clients have joined (the server log's ``client.joined`` lines) and their first polls are
+    parked, then print how long the joins took, the server's CPU over ``seconds`` with them all connected and idle,
+    its memory, and the client hosts' private memory per virtual client."""
+    t0 = time.monotonic()
+    while (joined := _count_in(log, b'"event": "client.joined"')) < n:
+        if server.poll() is not None or any(h.poll() not in (None, 0) for h in hosts):
+            raise RuntimeError(f"a process ended while {joined} of {n} clients had joined")
+        if time.monotonic() - t0 > 900:
+            raise TimeoutError(f"{joined} of {n} clients joined in 900 s")
+        time.sleep(0.2)
+    joins = time.monotonic() - t0
+    print(f"{n:,} clients joined in {joins:.1f} s (host processes started -> the last client.joined; includes "
+          f"their start-up and building each client's data and model)")
+    time.sleep(min(5.0, max(1.0, seconds / 4)))  # the last joiners' first polls park
+    cpu0, w0 = _cpu_seconds(server.pid), time.monotonic()
+    time.sleep(seconds)
+    cpu1, w1 = _cpu_seconds(server.pid), time.monotonic()
+    if cpu0 is not None and cpu1 is not None:
+        share = (cpu1 - cpu0) / (w1 - w0)
+        print(f"idle server with {n:,} clients connected (each holding a long-poll): {100 * share:.1f}% of a core "
+              f"({1e6 * share / n:.2f} µs of CPU per connected client per second) over {w1 - w0:.0f} s")
+    anon = _rss_anon_mib(server.pid)
+    print(f"server private memory (RssAnon) with {n:,} connected: {anon:.0f} MiB")
+    per_host = [(_rss_anon_mib(h.pid) or 0.0) for h in hosts]
+    print(f"client hosts' private memory (RssAnon): {sum(per_host):.0f} MiB in {len(hosts)} processes, "
+          f"{1024 * sum(per_host) / n:.0f} KiB per virtual client (each process's own imports included)")
+
+
 def print_phases(rows: list[dict[str, Any]], k: int) -> None:
     """The median of each phase of the rounds' critical path (their rows' ``timing_seconds``), its share of the
     median round, and the server CPU per client-round."""
@@ -160,6 +197,10 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=0, help="fleet size N (default K): N - K stay idle each round")
     ap.add_argument("--procs", type=int, default=1, help="--virtual: client processes the fleet is spread over")
     ap.add_argument("--profile", metavar="FILE", help="run the server under cProfile, save FILE, print the top 25")
+    ap.add_argument("--idle", type=float, default=0.0, metavar="S",
+                    help="hold the fleet's last client back: once the other N - 1 have joined and parked their "
+                         "long-polls, report how long the joins took and the server's CPU over S seconds with "
+                         "them all connected and idle, then let it join and run the rounds")
     args = ap.parse_args()
     n = args.clients or args.k
     root = Path(__file__).resolve().parent.parent
@@ -177,18 +218,31 @@ def main() -> int:
              "--min-available", str(n), "--model-kwargs", json.dumps({"hidden": args.hidden}), "--insecure"],
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
         if args.virtual:
-            per = -(-n // args.procs)
+            held = 1 if args.idle > 0 else 0
+            per = -(-(n - held) // args.procs)
             from fedlaunch.hosts import HostSpec, worker_command
 
-            cmds = [worker_command(HostSpec(address, first, min(per, n - first), trainer="noop"),
-                                   Path(tmp) / f"host-{first}.json") for first in range(0, n, per)]
+            cmds = [worker_command(HostSpec(address, first, min(per, n - held - first), trainer="noop"),
+                                   Path(tmp) / f"host-{first}.json") for first in range(0, n - held, per)]
+            if held:  # the held-back client, a host of its own
+                cmds.append(worker_command(HostSpec(address, n - 1, 1, trainer="noop"), Path(tmp) / "host-last.json"))
         else:
             cmds = [[py, "-m", "fedclient", "--server", address, "--client-id", f"bench-{i}", "--data-index",
                      str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure"]
                     for i in range(n)]
         client_logs = [Path(tmp) / f"clients-{i}.log" for i in range(len(cmds))]
-        clients = [subprocess.Popen(c, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
-                   for c, log in zip(cmds, client_logs, strict=True)]
+
+        def launch(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+
+        if args.idle > 0:
+            if not args.virtual:
+                ap.error("--idle needs --virtual")
+            clients = [launch(c, log) for c, log in zip(cmds[:-1], client_logs[:-1], strict=True)]
+            idle_report(server, Path(tmp) / "server.log", n - 1, args.idle, clients)
+            clients.append(launch(cmds[-1], client_logs[-1]))
+        else:
+            clients = [launch(c, log) for c, log in zip(cmds, client_logs, strict=True)]
         trace: list[tuple[float, float]] = []
         (rc, server_rss, server_anon, _), *client_res = wait_all([server, *clients], 900, trace)
         events = [json.loads(line) for line in (Path(tmp) / "server.log").read_text().splitlines()

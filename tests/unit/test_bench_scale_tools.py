@@ -1,0 +1,53 @@
+"""tools/bench_grpc_floor.py and tools/bench_rounds.py --idle: the arithmetic, and real (tiny) runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import bench_grpc_floor as floor
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_per_call_us() -> None:
+    assert floor.per_call_us(1.0, 1.5, 1000) == pytest.approx(500.0)
+    with pytest.raises(ValueError):
+        floor.per_call_us(1.0, 1.5, 0)
+
+
+def test_cpu_seconds_of_this_process_grows() -> None:
+    import os
+
+    before = floor.cpu_seconds(os.getpid())
+    x = 0
+    for i in range(3_000_000):
+        x += i
+    assert floor.cpu_seconds(os.getpid()) > before
+
+
+@pytest.mark.system
+def test_floor_benchmark_runs_every_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert floor.main(["--calls", "40", "--repeats", "1", "--procs", "1", "--concurrency", "4", "--params", "64"]) == 0
+    out = capsys.readouterr().out
+    for label in ("Heartbeat's shape", "PullTask's shape", "PushUpdate's shape", "one open stream"):
+        line = next(x for x in out.splitlines() if label in x)
+        assert float(re.search(r"server CPU\s+([\d.]+) µs per call", line).group(1)) >= 0  # type: ignore[union-attr]
+    assert "floor per client-round" in out
+
+
+@pytest.mark.system
+def test_bench_rounds_idle_reports_joins_idle_cpu_and_memory() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "--clients", "4", "-k", "2",
+                           "--virtual", "--procs", "1", "--rounds", "1", "--idle", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert re.search(r"^3 clients joined in [\d.]+ s", out, re.M), out
+    assert re.search(r"idle server with 3 clients connected .*: [\d.]+% of a core", out), out
+    assert "client hosts' private memory" in out
+    assert "K = 2 of N = 4 clients (threads of 2 process(es))" in out  # the held-back client's own host

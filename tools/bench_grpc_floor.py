@@ -1,0 +1,214 @@
+"""The floor under a client-round: what gRPC's asyncio server costs per call on this machine, with no fedguard code.
+
+A client-round of fedguard is two calls: ``PullTask`` (a request answered with a stream of the task header and the
+model's chunks) and ``PushUpdate`` (a stream of the update header and its chunks answered with one reply). This
+benchmark serves calls of exactly those shapes from a bare ``grpc.aio`` server whose handlers do nothing (bytes in,
+bytes out: no protobuf, no validation, no state), drives them from client processes at a given concurrency, and
+reports the server's CPU seconds (user + system, from /proc) per call and per client-round. Whatever the server
+spends per client-round above this floor is fedguard's own work; what is below it cannot be removed without
+fewer or cheaper calls (another transport, batching several devices into one call, or one long-lived stream per
+device instead of two calls per round).
+
+    python tools/bench_grpc_floor.py                       # 4.5k-parameter payload, 4 client processes
+    python tools/bench_grpc_floor.py --params 940362 --calls 400
+    python tools/bench_grpc_floor.py --concurrency 25     # calls in flight per client process
+
+The server runs in a child process started with ``spawn`` (gRPC's core does not survive ``fork`` after it started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+SERVICE = "fedguard.floor.v1.Floor"
+HEADER_BYTES = 200  # a task or update header: ids, round, tensor manifest of a small MLP
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far (/proc/PID/stat, fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def per_call_us(cpu_before: float, cpu_after: float, calls: int) -> float:
+    """Microseconds of CPU per call between two readings."""
+    if calls <= 0:
+        raise ValueError("calls must be > 0")
+    return 1e6 * (cpu_after - cpu_before) / calls
+
+
+def _serve(port: int, ready: Any, stop: Any) -> None:
+    import grpc
+
+    async def unary(request: bytes, context: Any) -> bytes:
+        return b""
+
+    async def pull(request: bytes, context: Any) -> AsyncIterator[bytes]:
+        size = int.from_bytes(request[:8], "little")
+        yield b"h" * HEADER_BYTES
+        yield bytes(size)
+
+    async def push(requests: AsyncIterator[bytes], context: Any) -> bytes:
+        n = 0
+        async for part in requests:
+            n += len(part)
+        return n.to_bytes(8, "little")
+
+    async def session(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        # One long-lived stream per device: each round, the update's 2 messages in and the next task's 2 out.
+        async for part in requests:
+            if len(part) != HEADER_BYTES:  # the update's data: answer with the next task
+                yield b"h" * HEADER_BYTES
+                yield bytes(len(part))
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+            "Unary": grpc.unary_unary_rpc_method_handler(unary),
+            "Pull": grpc.unary_stream_rpc_method_handler(pull),
+            "Push": grpc.stream_unary_rpc_method_handler(push),
+            "Session": grpc.stream_stream_rpc_method_handler(session),
+        }),))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        await server.stop(0)
+
+    asyncio.run(main())
+
+
+def _drive(port: int, shape: str, calls: int, concurrency: int, payload: int) -> None:
+    import grpc
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            unary = channel.unary_unary(f"/{SERVICE}/Unary")
+            pull = channel.unary_stream(f"/{SERVICE}/Pull")
+            push = channel.stream_unary(f"/{SERVICE}/Push")
+            session = channel.stream_stream(f"/{SERVICE}/Session")
+            body = bytes(payload)
+
+            async def parts() -> AsyncIterator[bytes]:
+                yield b"h" * HEADER_BYTES
+                yield body
+
+            async def one() -> None:
+                if shape == "unary":
+                    await unary(b"")
+                elif shape == "pull":
+                    async for _ in pull(payload.to_bytes(8, "little")):
+                        pass
+                else:
+                    await push(parts())
+
+            async def worker(n: int) -> None:
+                if shape == "session":  # n rounds on one stream: update in, task out
+                    call = session()
+                    for _ in range(n):
+                        await call.write(b"h" * HEADER_BYTES)
+                        await call.write(body)
+                        await call.read()
+                        await call.read()
+                    await call.done_writing()
+                    return
+                for _ in range(n):
+                    await one()
+
+            share = [calls // concurrency + (i < calls % concurrency) for i in range(concurrency)]
+            await asyncio.gather(*(worker(n) for n in share if n))
+
+    asyncio.run(main())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(shape: str, calls: int, procs: int, concurrency: int, payload: int, port: int, server_pid: int,
+            ctx: Any) -> tuple[float, float]:
+    """(server CPU µs per call, wall µs per call) of ``calls`` calls of ``shape`` spread over ``procs`` client
+    processes with ``concurrency`` calls in flight each (``session``: streams open, ``calls`` rounds over them)."""
+    warm = ctx.Process(target=_drive, args=(port, shape, 50, 1, payload))
+    warm.start()
+    warm.join()
+    share = [calls // procs + (i < calls % procs) for i in range(procs)]
+    clients = [ctx.Process(target=_drive, args=(port, shape, n, concurrency, payload)) for n in share]
+    before, t0 = cpu_seconds(server_pid), time.perf_counter()
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+        if c.exitcode != 0:
+            raise RuntimeError(f"a client process of the {shape} run failed (exit {c.exitcode})")
+    wall, after = time.perf_counter() - t0, cpu_seconds(server_pid)
+    # The client processes' start-up (imports) overlaps the timed window; the server is idle meanwhile, and an
+    # idle grpc.aio server costs ~nothing, so its CPU reading is unaffected; wall time is an upper bound.
+    return per_call_us(before, after, calls), 1e6 * wall / calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", type=int, default=4554, help="float32 parameters in each task and update payload")
+    ap.add_argument("--calls", type=int, default=3000, help="calls per shape and repeat")
+    ap.add_argument("--procs", type=int, default=4, help="client processes")
+    ap.add_argument("--concurrency", type=int, default=25, help="calls in flight per client process")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats (the median is reported)")
+    args = ap.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    ready, stop = ctx.Event(), ctx.Event()
+    server = ctx.Process(target=_serve, args=(port, ready, stop), daemon=True)
+    server.start()
+    if not ready.wait(60) or server.pid is None:
+        print("the floor server did not start within 60 s", file=sys.stderr)
+        return 1
+    payload = 4 * args.params
+    results: dict[str, list[tuple[float, float]]] = {"unary": [], "pull": [], "push": [], "session": []}
+    try:
+        for _ in range(args.repeats):
+            for shape in results:
+                results[shape].append(measure(shape, args.calls, args.procs, args.concurrency, payload, port,
+                                              server.pid, ctx))
+    finally:
+        stop.set()
+        server.join(10)
+    import grpc
+
+    print(f"bare grpc.aio server (grpcio {grpc.__version__}), handlers that do nothing; {args.params:,}-parameter "
+          f"payload ({payload:,} bytes), {args.procs} client processes x {args.concurrency} calls in flight, "
+          f"{args.calls} calls per shape, median of {args.repeats} interleaved repeats; cores: {os.cpu_count()}")
+    med: dict[str, float] = {}
+    label: dict[str, str] = {"unary": "unary (a Heartbeat's shape)",
+                             "pull": "request -> stream of 2 (PullTask's shape)",
+                             "push": "stream of 2 -> reply (PushUpdate's shape)",
+                             "session": "a round on one open stream (2 in, 2 out)"}
+
+    def pick(rows: list[tuple[float, float]], i: int) -> float:
+        return statistics.median(r[i] for r in rows)
+
+    for shape, rows in results.items():
+        med[shape] = pick(rows, 0)
+        print(f"  {label[shape]:<44} server CPU {med[shape]:7.1f} µs per call (runs: "
+              f"{', '.join(f'{r[0]:.0f}' for r in rows)}), wall {pick(rows, 1):7.1f} µs per call")
+    floor = med["pull"] + med["push"]
+    print(f"floor per client-round (PullTask + PushUpdate shapes): {floor / 1000:.3f} ms of server CPU; "
+          f"the same messages on one long-lived stream per device: {med['session'] / 1000:.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
