@@ -74,6 +74,22 @@ def test_a_server_unreachable_too_long_is_given_up() -> None:
     assert 1 <= len(slept) < 5  # the first failure starts the clock; given up before the calls ran out
 
 
+def test_a_cancel_the_client_did_not_make_is_retried_its_own_stop_is_not() -> None:
+    """gRPC cancels a few percent of first calls when thousands of channels connect at once: a device retries a
+    CANCELLED it did not cause; a stopping client's own cancel ends the call (Stopped, no retry)."""
+    conn, slept = _conn(backoff_initial_s=0.5, backoff_max_s=1.0)
+    assert conn.retrying("join", _failing(RpcError(grpc.StatusCode.CANCELLED, "CANCELLED"))) == "ok"
+    assert len(slept) == 1
+
+    def cancelled_by_stop() -> str:
+        conn.stop_event.set()  # what FedClient.stop does before it cancels the call in flight
+        raise RpcError(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
+
+    with pytest.raises(Stopped):
+        conn.retrying("pull", cancelled_by_stop)
+    assert len(slept) == 1
+
+
 def test_a_stop_ends_the_retries() -> None:
     conn, _ = _conn()
     conn.stop_event.set()
