@@ -113,12 +113,15 @@ def idle_report(server: subprocess.Popen[bytes], log: Path, n: int, seconds: flo
     """Wait until ``n`` clients have joined (the server log's ``client.joined`` lines) and their first polls are
     parked, then print how long the joins took, the server's CPU over ``seconds`` with them all connected and idle,
     its memory, and the client hosts' private memory per virtual client."""
-    t0 = time.monotonic()
+    t0 = progress = time.monotonic()
+    last = 0
     while (joined := _count_in(log, b'"event": "client.joined"')) < n:
         if server.poll() is not None or any(h.poll() not in (None, 0) for h in hosts):
             raise RuntimeError(f"a process ended while {joined} of {n} clients had joined")
-        if time.monotonic() - t0 > 900:
-            raise TimeoutError(f"{joined} of {n} clients joined in 900 s")
+        if joined > last:
+            last, progress = joined, time.monotonic()
+        elif time.monotonic() - progress > 120:  # some clients failed for good (their hosts' logs say why)
+            raise TimeoutError(f"{joined} of {n} clients joined; none more in 120 s")
         time.sleep(0.2)
     joins = time.monotonic() - t0
     print(f"{n:,} clients joined in {joins:.1f} s (host processes started -> the last client.joined; includes "
@@ -239,7 +242,17 @@ def main() -> int:
             if not args.virtual:
                 ap.error("--idle needs --virtual")
             clients = [launch(c, log) for c, log in zip(cmds[:-1], client_logs[:-1], strict=True)]
-            idle_report(server, Path(tmp) / "server.log", n - 1, args.idle, clients)
+            try:
+                idle_report(server, Path(tmp) / "server.log", n - 1, args.idle, clients)
+            except BaseException:
+                for p in (server, *clients):
+                    p.kill()
+                    p.wait()
+                for log in client_logs[:-1]:
+                    failed = [x for x in log.read_text().splitlines() if '"client.failed"' in x]
+                    if failed:
+                        print(f"{log.name}: {len(failed)} clients failed, e.g. {failed[0][:300]}", file=sys.stderr)
+                raise
             clients.append(launch(cmds[-1], client_logs[-1]))
         else:
             clients = [launch(c, log) for c, log in zip(cmds, client_logs, strict=True)]
