@@ -5,7 +5,7 @@ One run, a real ``fedserver`` on loopback (``--insecure``, no-op trainer, synthe
 
 (a) the private memory of ``python -c "import torch"`` and of ``python -c "import torch, grpc, numpy"`` (the
     import baseline a client cannot avoid);
-(b) one ``fedclient`` process at steady state (sampled from the 3rd round's completion to the federation's end), with
+(b) one ``fedclient`` process at steady state (sampled from the 3rd round's completion until it exits), with
     its model's bytes (parameters and buffers x element size) and its data's bytes (the shard's tensors' nbytes,
     derived here exactly as the client derives them) reported apart: beyond = RssAnon - baseline - model - data,
     against the 30 MiB target;
@@ -14,13 +14,16 @@ One run, a real ``fedserver`` on loopback (``--insecure``, no-op trainer, synthe
     threads per virtual client (/proc/PID/status Threads) and the N2 host's idle CPU while its clients are parked
     (the server waits for the N1 host before its first round);
 (d) the heavy modules (torchvision, matplotlib, ray, pandas, scipy, ...) in ``sys.modules`` of the server, the
-    client and the hosts when they exit (each process runs under a small wrapper that records them).
+    client and the hosts when they exit (each process runs under a small wrapper that records them);
+(e) with ``--decompose N``: where a virtual client's memory goes (N clients parked in the bench's own process:
+    two idle threads, model + data built apart, a started FedClient; tracemalloc's largest Python allocations).
 
 Private memory: RssAnon from /proc/PID/status; USS (Private_Clean + Private_Dirty) and PSS from
 /proc/PID/smaps_rollup where readable.
 
     python tools/bench_memory.py                          # N1 = 10, N2 = 510, MLP hidden 64
     python tools/bench_memory.py --hosts 10 110 --hidden 1024 512
+    python tools/bench_memory.py --decompose 200          # (e) as well (docs/benchmarks.md's figures)
 """
 
 from __future__ import annotations
@@ -295,7 +298,7 @@ class Bench:
         return "\n".join((self.tmp / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
 
     def client_process(self) -> tuple[Sampled, list[int]]:
-        """(b): one fedclient process, sampled from the 3rd round's completion to the federation's end."""
+        """(b): one fedclient process, sampled from the 3rd round's completion until it exits."""
         a = self.args
         server = self.server("server-b", a.rounds, 1, 1)
         watch = Watch(self.tmp / "server-b.log")
@@ -304,11 +307,8 @@ class Bench:
             "--torch-threads", "1", "--log-level", "warning", "--insecure"])
         steady = Sampled()
         _wait_for("the 3rd round", lambda: watch.count("round.completed") >= 3, [server, client], 300, watch.poll)
-        while client.poll() is None:
+        while client.poll() is None:  # to its exit: the peaks are what count, and the last rounds are quick
             steady.add(read_memory(client.pid))
-            watch.poll()
-            if watch.count("round.completed") >= a.rounds:
-                break
             time.sleep(0.01)
         codes = self.finish([client, server])
         if codes != [0, 0]:
@@ -475,8 +475,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.hosts[0] == args.hosts[1]:
         ap.error("--hosts: N1 and N2 must differ")
-    if args.rounds < 4:
-        ap.error("--rounds: at least 4 (steady state is sampled from the 3rd round on)")
+    if args.rounds < 6:
+        ap.error("--rounds: at least 6 (steady state is sampled from the 3rd round on)")
 
     with TemporaryDirectory(prefix="fedguard-bench-memory-") as tmp_name:
         bench = Bench(args, Path(tmp_name))
