@@ -18,7 +18,7 @@ What the prototype leaves out: the shards run independent federations (no root b
 no model exchange inside fedserver); the root's steps are measured beside them, not in the loop, and the
 global round a synchronous root would run is *computed* as shard round + combine + exchange.
 
-    python tools/shard_prototype.py                    # S = 1 and 2, N = 96, K = 48 (about 2.5 minutes)
+    python tools/shard_prototype.py                    # S = 1 and 2, N = 96, K = 48 (3-5 minutes on 2 cores)
     python tools/shard_prototype.py --shards 2 4 --clients 96 -k 48
 """
 
@@ -62,29 +62,33 @@ class Measured:
     client_rounds_per_s: float
     window_s: float
     rounds_in_window: int
+    overlapped: bool = True  # every shard completed rounds in the common window
 
 
-def common_window(runs: Sequence[ShardRun]) -> Measured:
+def common_window(runs: Sequence[ShardRun], min_rounds: int = 5) -> Measured:
     """Each shard's rounds per second over the window in which all shards were completing rounds (from the
-    latest first timed completion to the earliest last one); the whole run's figures if that window holds
-    fewer than three completions of some shard."""
+    latest first timed completion to the earliest last one). Shards start when their own clients have joined,
+    so on a busy machine their runs can be skewed by seconds: if that window holds fewer than ``min_rounds``
+    rounds of some shard, the shards did not run concurrently; the whole runs' figures are returned, marked
+    ``overlapped=False`` (not a check of the model)."""
     t0 = max(r.completions[0] for r in runs)
     t1 = min(r.completions[-1] for r in runs)
+    inside = [[t for t in r.completions if t0 <= t <= t1] for r in runs]
+    overlapped = all(len(x) >= min_rounds + 1 for x in inside)
     per_round: list[float] = []
     rate = 0.0
     counted = 0
-    for r in runs:
-        inside = [t for t in r.completions if t0 <= t <= t1]
-        if len(inside) >= 3:
-            wall = (inside[-1] - inside[0]) / (len(inside) - 1)
-            counted += len(inside) - 1
+    for r, x in zip(runs, inside, strict=True):
+        if overlapped:
+            wall = (x[-1] - x[0]) / (len(x) - 1)
+            counted += len(x) - 1
         else:
-            wall, t0, t1 = r.wall_per_round, r.completions[0], r.completions[-1]
+            wall = r.wall_per_round
             counted += r.rounds
         per_round.append(wall)
         rate += r.k / wall
     return Measured(len(runs), statistics.mean(per_round), statistics.median(r.server_cpu for r in runs), rate,
-                    t1 - t0, counted)
+                    max(0.0, t1 - t0), counted, overlapped)
 
 
 def rel(pred: float, meas: float) -> str:
@@ -173,7 +177,7 @@ def main() -> int:
     ap.add_argument("--shards", type=int, nargs=2, default=[1, 2], help="the two shard counts to check")
     ap.add_argument("--clients", type=int, default=96, help="N, all shards together")
     ap.add_argument("-k", type=int, default=48, help="K per round, all shards together")
-    ap.add_argument("--rounds", type=int, default=20, help="timed rounds of each shard")
+    ap.add_argument("--rounds", type=int, default=40, help="timed rounds of each shard")
     ap.add_argument("--hosts", type=int, default=2, help="client-host processes per shard")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each shard count, alternating their order")
     ap.add_argument("--calibration-rounds", type=int, default=6)
@@ -213,16 +217,19 @@ def main() -> int:
         for rep, (p, m) in enumerate(zip(predicted[s], measured[s], strict=True)):
             print(f"  {s:2d} {rep:3d} {'wall s per shard round':<24} {p.round_s:10.4f} {m.wall_per_round:10.4f} "
                   f"{rel(p.round_s, m.wall_per_round)}   (window {m.window_s:.2f} s, {m.rounds_in_window} rounds; "
-                  f"cores left by other load {free[s][rep]:.2f})")
+                  f"cores left by other load {free[s][rep]:.2f})"
+                  + ("" if m.overlapped else "  NOT CONCURRENT: the shards' runs did not overlap, left out below"))
             print(f"  {s:2d} {rep:3d} {'server CPU s per round':<24} {p.server_cpu:10.4f} {m.server_cpu:10.4f} "
                   f"{rel(p.server_cpu, m.server_cpu)}")
             print(f"  {s:2d} {rep:3d} {'client-rounds per s':<24} {p.client_rounds_per_s:10.1f} "
                   f"{m.client_rounds_per_s:10.1f} {rel(p.client_rounds_per_s, m.client_rounds_per_s)}")
-    med_p = {s: statistics.median(p.client_rounds_per_s for p in predicted[s]) for s in args.shards}
-    med_m = {s: statistics.median(m.client_rounds_per_s for m in measured[s]) for s in args.shards}
+    valid = {s: [j for j, m in enumerate(measured[s]) if m.overlapped] or list(range(len(measured[s])))
+             for s in args.shards}
+    med_p = {s: statistics.median(predicted[s][j].client_rounds_per_s for j in valid[s]) for s in args.shards}
+    med_m = {s: statistics.median(measured[s][j].client_rounds_per_s for j in valid[s]) for s in args.shards}
     for s in args.shards:
-        print(f"  S = {s}: client-rounds per s, median over {args.repeat} reps: predicted {med_p[s]:.1f}, measured "
-              f"{med_m[s]:.1f} ({rel(med_p[s], med_m[s]).strip()})")
+        print(f"  S = {s}: client-rounds per s, median over {len(valid[s])} concurrent reps: predicted "
+              f"{med_p[s]:.1f}, measured {med_m[s]:.1f} ({rel(med_p[s], med_m[s]).strip()})")
     a, b = args.shards
     print(f"  speed-up S = {a} -> {b} (median client-rounds per s): predicted {med_p[b] / med_p[a]:.2f}x, measured "
           f"{med_m[b] / med_m[a]:.2f}x")
