@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import grpc
 
 from fedclient.errors import FedClientError, FedClientRefused, SessionLost, Stopped
-from fedclient.transport import Refused, Transport, classify_unauthenticated, classify_unavailable
+from fedclient.transport import ChannelPool, Refused, Transport, classify_unauthenticated, classify_unavailable
 from fedcore.config import ClientConfig, ConfigError
 from fedcore.identity import shorten
 from fedguard.v1 import fedguard_pb2 as pb
@@ -67,6 +67,8 @@ class Connection:
         self.stop_event = stop
         self.on_retry = on_retry
         self.transport: Transport | None = None
+        # Set by a host of virtual clients before the client starts: the process's shared channels.
+        self.channels: ChannelPool | None = None
         self.session = ""
         self.heartbeat_s = 5.0
         # Seeded by the client id: a fleet's clients do not retry in lockstep, and a client's delays repeat.
@@ -79,7 +81,7 @@ class Connection:
 
     def open(self) -> Transport:
         try:
-            self.transport = Transport(self.config, self.client_id, self.log)
+            self.transport = Transport(self.config, self.client_id, self.log, self.channels)
         except ConfigError as e:
             raise FedClientError(str(e)) from None
         except Refused as e:  # checked locally before connecting (this client's own certificate)

@@ -171,10 +171,67 @@ def open_channel(config: ClientConfig, log: Any = None) -> grpc.Channel:
     return grpc.secure_channel(config.server, channel_credentials(config), options=opts)
 
 
-class Transport:
-    """One channel and the federation's calls over it, each request signed when a signing key is set."""
+def _keep_thread(channel: grpc.Channel) -> Any:
+    """A standing Watch on the server's health service for the channel's lifetime. It keeps one call open on the
+    channel, so gRPC's sync client keeps its completion-queue thread instead of starting a new one for every call
+    (~2 ms each); the call is returned for cancelling."""
+    health = health_pb2_grpc.HealthStub(channel)
+    return health.Watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
 
-    def __init__(self, config: ClientConfig, client_id: str, log: Any = None) -> None:
+
+class ChannelPool:
+    """Channels shared by the clients of one process (a host of virtual clients, ``fedlaunch worker``): one channel,
+    one standing call and one gRPC completion-queue thread per distinct (server, TLS settings) instead of one per
+    client. On the wire nothing changes (gRPC already shares one connection among a process's channels to the same
+    target); in the process each virtual client costs one thread instead of two, which is what lets 10,000 of them
+    fit under the machine's thread limit (``kernel.pid_max`` 32,768 here). A client with its own certificate (mTLS)
+    is given a channel of its own, as its credentials are its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shared: dict[tuple[str, ...], tuple[grpc.Channel, Any, int]] = {}
+
+    @staticmethod
+    def _key(config: ClientConfig) -> tuple[str, ...] | None:
+        if config.cert or config.key:
+            return None
+        return (config.server, str(config.insecure), config.ca_cert, config.server_name)
+
+    def acquire(self, config: ClientConfig, log: Any = None) -> tuple[grpc.Channel, bool]:
+        """A channel for ``config``; True when it is shared (give it back with :meth:`release`)."""
+        key = self._key(config)
+        if key is None:
+            return open_channel(config, log), False
+        with self._lock:
+            held = self._shared.get(key)
+            if held is None:
+                channel = open_channel(config, log)
+                held = (channel, _keep_thread(channel), 0)
+            self._shared[key] = (held[0], held[1], held[2] + 1)
+            return held[0], True
+
+    def release(self, channel: grpc.Channel) -> None:
+        """One client is done with a shared ``channel``: the last one closes it."""
+        with self._lock:
+            for key, (held, watch, refs) in list(self._shared.items()):
+                if held is channel:
+                    if refs > 1:
+                        self._shared[key] = (held, watch, refs - 1)
+                        return
+                    del self._shared[key]
+                    break
+            else:
+                return
+        watch.cancel()
+        channel.close()
+
+
+class Transport:
+    """One channel and the federation's calls over it, each request signed when a signing key is set. With a
+    :class:`ChannelPool`, the channel is the pool's (shared with the process's other clients)."""
+
+    def __init__(self, config: ClientConfig, client_id: str, log: Any = None,
+                 channels: ChannelPool | None = None) -> None:
         self.client_id = client_id
         self._key = None
         if config.signing_key:
@@ -184,17 +241,20 @@ class Transport:
                 self._key = load_signing_key(config.signing_key)
             except CertError as e:
                 raise ConfigError("signing_key", str(e)) from None
-        self.channel = open_channel(config, log)
+        self._pool = channels
+        if channels is not None:
+            self.channel, shared = channels.acquire(config, log)
+            if not shared:
+                self._pool = None
+        else:
+            self.channel = open_channel(config, log)
         self._unary = {name: self.channel.unary_unary(self.path(name), None, reply.FromString)
                        for name, reply in _REPLIES.items()}
         # PullTask's replies stay bytes: the runner reads chunk frames in place (fedguard.wire.read_chunk).
         self._pull = self.channel.unary_stream(self.path("PullTask"), None, None)
         self._push = self.channel.stream_unary(self.path("PushUpdate"), None, pb.PushReply.FromString)
-        # A standing Watch on the server's health service for the client's lifetime. Besides telling the
-        # client when the server stops serving, it keeps one call open on the channel, so gRPC's sync client
-        # keeps its completion-queue thread instead of starting a new one for every call (~2 ms each).
-        health = health_pb2_grpc.HealthStub(self.channel)
-        self._health_watch = health.Watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+        # A channel of its own keeps its completion-queue thread with its own standing call (a pool's has one).
+        self._health_watch = _keep_thread(self.channel) if self._pool is None else None
 
     @staticmethod
     def path(name: str) -> str:
@@ -232,5 +292,10 @@ class Transport:
         return self._push.future(frames(), timeout=timeout, metadata=self._metadata("PushUpdate", first))
 
     def close(self) -> None:
-        self._health_watch.cancel()
+        if self._pool is not None:
+            self._pool.release(self.channel)
+            self._pool = None
+            return
+        if self._health_watch is not None:
+            self._health_watch.cancel()
         self.channel.close()

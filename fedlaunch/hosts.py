@@ -74,6 +74,7 @@ def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
     import torch
 
     from fedclient import ClientConfig, FedClient
+    from fedclient.transport import ChannelPool
     from fedcore.attacks import AttackConfig
     from fedcore.config import from_dict
     from fedcore.log import configure_logging
@@ -104,7 +105,9 @@ def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
                                           attack=attack if i in spec.attackers else AttackConfig(),
                                           **client_tls_options(tls_dir, client_id(i)), **named))
                    for i in range(spec.first, spec.first + spec.count)]
+        channels = ChannelPool()  # one channel and completion-queue thread per host, not per client
         for c in clients:
+            c.connection.channels = channels
             c.start()
         if stop is not None:
             def stop_all() -> None:

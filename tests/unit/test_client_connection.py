@@ -128,3 +128,27 @@ def test_the_inflight_call_is_the_one_cancelled() -> None:
     after = Call()
     conn.cancel_inflight()  # nothing in flight: nothing cancelled
     assert not after.cancelled
+
+
+def test_a_channel_pool_shares_one_channel_among_a_hosts_clients() -> None:
+    """A host's virtual clients share one channel (one completion-queue thread) per server and TLS settings; a
+    client with its own certificate gets its own; the last client to leave closes the shared channel."""
+    from fedclient.transport import ChannelPool, Transport
+
+    pool = ChannelPool()
+    cfg = ClientConfig(server="127.0.0.1:1", insecure=True)
+    a, b = Transport(cfg, "a", channels=pool), Transport(cfg, "b", channels=pool)
+    other = Transport(ClientConfig(server="127.0.0.1:2", insecure=True), "c", channels=pool)
+    alone = Transport(cfg, "d")
+    assert a.channel is b.channel and other.channel is not a.channel and alone.channel is not a.channel
+    key = ("127.0.0.1:1", "True", "", "")
+    assert pool._shared[key][2] == 2
+    a.close()
+    assert pool._shared[key][2] == 1
+    b.close()
+    assert key not in pool._shared
+    with pytest.raises(ValueError):  # closed with its last client
+        b.channel.unary_unary("/x/y")(b"", timeout=0.1)
+    for t in (other, alone):
+        t.close()
+    assert ChannelPool._key(ClientConfig(server="s:1", ca_cert="ca.pem", cert="c.pem", key="c.key")) is None
