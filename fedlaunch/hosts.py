@@ -48,6 +48,8 @@ class HostSpec:
     torch_threads: int = 1
     # The clients' own dataset options (data_dir, ...: what a server never announces).
     data_options: dict[str, Any] = field(default_factory=dict)
+    # The longest wait each client asks the server to hold a PullTask (ClientConfig.long_poll_s).
+    long_poll_s: float = 20.0
 
 
 def host_spec(args: argparse.Namespace, address: str, first: int, count: int, ship_tls: bool = False) -> HostSpec:
@@ -102,6 +104,7 @@ def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
                                           opt_out=i in spec.holdouts,
                                           private_epochs=spec.private_epochs, device=spec.device,
                                           backoff_max_s=spec.backoff_max, data_options=dict(spec.data_options),
+                                          long_poll_s=spec.long_poll_s,
                                           attack=attack if i in spec.attackers else AttackConfig(),
                                           **client_tls_options(tls_dir, client_id(i)), **named))
                    for i in range(spec.first, spec.first + spec.count)]

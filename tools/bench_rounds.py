@@ -204,6 +204,9 @@ def main() -> int:
                     help="hold the fleet's last client back: once the other N - 1 have joined and parked their "
                          "long-polls, report how long the joins took and the server's CPU over S seconds with "
                          "them all connected and idle, then let it join and run the rounds")
+    ap.add_argument("--long-poll", type=float, default=0.0, metavar="S",
+                    help="--virtual: server.long_poll_s and the clients' long_poll_s (default: the defaults, 20 s); "
+                         "an idle client re-polls once per S seconds")
     args = ap.parse_args()
     n = args.clients or args.k
     root = Path(__file__).resolve().parent.parent
@@ -217,18 +220,23 @@ def main() -> int:
         profile = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
         server = subprocess.Popen(
             [py, *profile, "-m", "fedserver", "--address", address, "--rounds", str(total), "-k", str(args.k),
-             "--run-dir", str(run_dir), "--log-json", "--log-level", "info", "--linger", "10",
+             "--run-dir", str(run_dir), "--log-json", "--log-level", "info",
+             # Long enough for every client to hear that the federation finished and leave (10,000 at once).
+             "--linger", str(max(10, n // 400)),
+             *(["--set", f"server.long_poll_s={args.long_poll}"] if args.long_poll else []),
              "--min-available", str(n), "--model-kwargs", json.dumps({"hidden": args.hidden}), "--insecure"],
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
         if args.virtual:
             held = 1 if args.idle > 0 else 0
+            poll = {"long_poll_s": args.long_poll} if args.long_poll else {}
             per = -(-(n - held) // args.procs)
             from fedlaunch.hosts import HostSpec, worker_command
 
-            cmds = [worker_command(HostSpec(address, first, min(per, n - held - first), trainer="noop"),
+            cmds = [worker_command(HostSpec(address, first, min(per, n - held - first), trainer="noop", **poll),
                                    Path(tmp) / f"host-{first}.json") for first in range(0, n - held, per)]
             if held:  # the held-back client, a host of its own
-                cmds.append(worker_command(HostSpec(address, n - 1, 1, trainer="noop"), Path(tmp) / "host-last.json"))
+                cmds.append(worker_command(HostSpec(address, n - 1, 1, trainer="noop", **poll),
+                                           Path(tmp) / "host-last.json"))
         else:
             cmds = [[py, "-m", "fedclient", "--server", address, "--client-id", f"bench-{i}", "--data-index",
                      str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure"]
