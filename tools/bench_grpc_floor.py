@@ -22,22 +22,29 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script
+    sys.path.insert(0, str(ROOT))
+
+from tools import procstat  # noqa: E402
 
 SERVICE = "fedguard.floor.v1.Floor"
 HEADER_BYTES = 200  # a task or update header: ids, round, tensor manifest of a small MLP
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` so far (/proc/PID/stat, fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of ``pid`` so far (raises once it is gone: a reading must not be missing)."""
+    seconds = procstat.cpu_seconds(pid)
+    if seconds is None:
+        raise RuntimeError(f"process {pid} is gone: no CPU reading")
+    return seconds
 
 
 def per_call_us(cpu_before: float, cpu_after: float, calls: int) -> float:
@@ -132,12 +139,6 @@ def _drive(port: int, shape: str, calls: int, concurrency: int, payload: int) ->
     asyncio.run(main())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure(shape: str, calls: int, procs: int, concurrency: int, payload: int, port: int, server_pid: int,
             ctx: Any) -> tuple[float, float]:
     """(server CPU µs per call, wall µs per call) of ``calls`` calls of ``shape`` spread over ``procs`` client
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats (the median is reported)")
     args = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = procstat.free_port()
     ready, stop = ctx.Event(), ctx.Event()
     server = ctx.Process(target=_serve, args=(port, ready, stop), daemon=True)
     server.start()

@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,32 +41,11 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script
+    sys.path.insert(0, str(ROOT))
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _rss_anon_mib(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` so far (/proc/PID/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
+from tools.procstat import cpu_seconds, free_port, rss_anon_mib  # noqa: E402
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float,
@@ -81,11 +59,11 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float,
         for i, p in enumerate(procs):
             if i in results:
                 continue
-            a = _rss_anon_mib(p.pid)
+            a = rss_anon_mib(p.pid)
             if a is not None:
                 anon[i] = max(anon[i], a)
             if i == 0 and cpu_trace is not None:
-                cpu = _cpu_seconds(p.pid)
+                cpu = cpu_seconds(p.pid)
                 if cpu is not None:
                     cpu_trace.append((time.time(), cpu))
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
@@ -127,16 +105,16 @@ def idle_report(server: subprocess.Popen[bytes], log: Path, n: int, seconds: flo
     print(f"{n:,} clients joined in {joins:.1f} s (host processes started -> the last client.joined; includes "
           f"their start-up and building each client's data and model)")
     time.sleep(min(5.0, max(1.0, seconds / 4)))  # the last joiners' first polls park
-    cpu0, w0 = _cpu_seconds(server.pid), time.monotonic()
+    cpu0, w0 = cpu_seconds(server.pid), time.monotonic()
     time.sleep(seconds)
-    cpu1, w1 = _cpu_seconds(server.pid), time.monotonic()
+    cpu1, w1 = cpu_seconds(server.pid), time.monotonic()
     if cpu0 is not None and cpu1 is not None:
         share = (cpu1 - cpu0) / (w1 - w0)
         print(f"idle server with {n:,} clients connected (each holding a long-poll): {100 * share:.1f}% of a core "
               f"({1e6 * share / n:.2f} µs of CPU per connected client per second) over {w1 - w0:.0f} s")
-    anon = _rss_anon_mib(server.pid)
+    anon = rss_anon_mib(server.pid)
     print(f"server private memory (RssAnon) with {n:,} connected: {anon:.0f} MiB")
-    per_host = [(_rss_anon_mib(h.pid) or 0.0) for h in hosts]
+    per_host = [(rss_anon_mib(h.pid) or 0.0) for h in hosts]
     print(f"client hosts' private memory (RssAnon): {sum(per_host):.0f} MiB in {len(hosts)} processes, "
           f"{1024 * sum(per_host) / n:.0f} KiB per virtual client (each process's own imports included)")
 
@@ -215,7 +193,7 @@ def main() -> int:
     py = sys.executable
     with TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        address = f"127.0.0.1:{_free_port()}"
+        address = f"127.0.0.1:{free_port()}"
         total = args.rounds + 1
         profile = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
         server = subprocess.Popen(

@@ -65,6 +65,11 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script
+    sys.path.insert(0, str(ROOT))
+
+from tools import procstat  # noqa: E402
+
 # The synthetic MLP's input width and classes (fedcore's synthetic dataset: 60 features, 10 classes).
 MLP_IN, MLP_OUT = 60, 10
 
@@ -293,32 +298,15 @@ def float32_sum_tolerance(values: torch.Tensor, roundings_per_term: int = 0) -> 
 # ---------------------------------------------------------------- measurement harness
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def proc_cpu(pid: int) -> float | None:
     """User + system CPU seconds of ``pid`` (/proc/PID/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
+    return procstat.cpu_seconds(pid)
 
 
 def rss_anon(pid: int) -> float | None:
     """RssAnon of ``pid`` in bytes."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    return None
+    mib = procstat.rss_anon_mib(pid)
+    return None if mib is None else mib * 1024.0 * 1024.0
 
 
 def machine_busy() -> float:
@@ -450,7 +438,7 @@ def run_fleet(shards: Sequence[tuple[int, int]], hidden: Sequence[int], rounds: 
         logs: list[Path] = []
         try:
             for s, (n, k) in enumerate(shards):
-                address = f"127.0.0.1:{_free_port()}"
+                address = f"127.0.0.1:{procstat.free_port()}"
                 log = tmp / f"server-{s}.log"
                 logs.append(log)
                 procs[f"server-{s}"] = subprocess.Popen(
@@ -512,7 +500,7 @@ def measure_idle(n: int, long_poll_s: float, window: float, procs: int = 2) -> I
     env = _env()
     with TemporaryDirectory(prefix="scaling-idle-") as tmp_s:
         tmp = Path(tmp_s)
-        address = f"127.0.0.1:{_free_port()}"
+        address = f"127.0.0.1:{procstat.free_port()}"
         log = tmp / "server.log"
         server = subprocess.Popen(
             server_command(address, tmp / "run", 1, n, n + 1, [64], ["--set", f"server.long_poll_s={long_poll_s}"]),
