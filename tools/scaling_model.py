@@ -113,18 +113,22 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return float(c0), float(c1)
 
 
+def _lstsq3(rows: list[list[float]], y: list[float]) -> tuple[float, float, float]:
+    """Least squares of three coefficients, the columns scaled first so lstsq sees comparable magnitudes (a K P
+    column is ~1e6 times a K column)."""
+    a = np.array(rows, dtype=np.float64)
+    scale = np.abs(a).max(axis=0)
+    coef, *_ = np.linalg.lstsq(a / scale, np.array(y, dtype=np.float64), rcond=None)
+    first, second, third = (float(c) for c in coef / scale)
+    return first, second, third
+
+
 def fit_round_cpu(samples: Sequence[tuple[int, int, float]]) -> tuple[float, float, float]:
     """Least-squares fit of ``cpu = F + K a + K P b`` to (K, P, cpu seconds per round) samples; (F, a, b).
     Needs at least two K at one P and two P (otherwise the system is singular)."""
     if len({k for k, _, _ in samples}) < 2 or len({p for _, p, _ in samples}) < 2:
         raise ValueError("fit_round_cpu needs at least two values of K and two of P")
-    a = np.array([[1.0, k, k * p] for k, p, _ in samples], dtype=np.float64)
-    y = np.array([c for _, _, c in samples], dtype=np.float64)
-    # Scale the columns so lstsq sees comparable magnitudes (K P is ~1e6 times K).
-    scale = np.abs(a).max(axis=0)
-    coef, *_ = np.linalg.lstsq(a / scale, y, rcond=None)
-    f, per_client, per_param = (float(c) for c in coef / scale)
-    return f, per_client, per_param
+    return _lstsq3([[1.0, k, k * p] for k, p, _ in samples], [c for _, _, c in samples])
 
 
 def fit_memory(samples: Sequence[tuple[int, int, float]]) -> tuple[float, float, float]:
@@ -132,12 +136,7 @@ def fit_memory(samples: Sequence[tuple[int, int, float]]) -> tuple[float, float,
     the larger P and two P."""
     if len({k for k, _, _ in samples}) < 2 or len({p for _, p, _ in samples}) < 2:
         raise ValueError("fit_memory needs at least two values of K and two of P")
-    a = np.array([[1.0, p, k * p] for k, p, _ in samples], dtype=np.float64)
-    y = np.array([m for _, _, m in samples], dtype=np.float64)
-    scale = np.abs(a).max(axis=0)
-    coef, *_ = np.linalg.lstsq(a / scale, y, rcond=None)
-    m0, m, mk = (float(c) for c in coef / scale)
-    return m0, m, mk
+    return _lstsq3([[1.0, p, k * p] for k, p, _ in samples], [m for _, _, m in samples])
 
 
 def server_cpu_per_round(c: Costs, n: int, k: int, p: int, round_s: float) -> float:
