@@ -29,13 +29,16 @@ clients' threads share the same cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -77,6 +80,19 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float,
             raise TimeoutError("benchmark processes did not finish")
         time.sleep(0.02)
     return [(results[i][0], results[i][1], anon[i], results[i][2]) for i in range(len(procs))]
+
+
+@contextlib.contextmanager
+def _reaper() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A list for the processes the benchmark starts; whichever still runs when the block ends is killed."""
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        yield started
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def _count_in(path: Path, needle: bytes) -> int:
@@ -191,7 +207,10 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
     py = sys.executable
-    with TemporaryDirectory() as tmp:
+    # SIGTERM (a timeout, a CI runner) ends the benchmark like ^C: the processes it started are killed, not
+    # orphaned (10,000 orphaned virtual clients retry a vanished server for minutes).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    with TemporaryDirectory() as tmp, _reaper() as started:
         run_dir = Path(tmp) / "run"
         address = f"127.0.0.1:{free_port()}"
         total = args.rounds + 1
@@ -221,8 +240,11 @@ def main() -> int:
                     for i in range(n)]
         client_logs = [Path(tmp) / f"clients-{i}.log" for i in range(len(cmds))]
 
+        started.append(server)
+
         def launch(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-            return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+            started.append(subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env))  # noqa: SIM115
+            return started[-1]
 
         if args.idle > 0:
             if not args.virtual:

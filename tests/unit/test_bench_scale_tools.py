@@ -51,3 +51,40 @@ def test_bench_rounds_idle_reports_joins_idle_cpu_and_memory() -> None:
     assert re.search(r"idle server with 3 clients connected .*: [\d.]+% of a core", out), out
     assert "client hosts' private memory" in out
     assert "K = 2 of N = 4 clients (threads of 2 process(es))" in out  # the held-back client's own host
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                kids.append(int(entry.name))
+    return kids
+
+
+@pytest.mark.system
+def test_bench_rounds_killed_kills_what_it_started() -> None:
+    """SIGTERM to the benchmark (a timeout, a CI runner) while its rounds run kills its server and client processes
+    instead of orphaning them."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "-k", "2", "--rounds", "100000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 120
+        while len(kids := _children(proc.pid)) < 3:  # the server and both clients are running
+            assert proc.poll() is None and time.monotonic() < deadline, "the benchmark did not start its processes"
+            time.sleep(0.2)
+        time.sleep(3)  # into the rounds
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        assert not [k for k in kids if Path(f"/proc/{k}").exists()], "processes left running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
