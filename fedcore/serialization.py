@@ -207,10 +207,16 @@ class Reassembler:
     One ``torch.empty`` per tensor is allocated from the manifest; :meth:`feed` copies a chunk's bytes once into
     the tensor slices it covers. ``max_bytes`` bounds what a remote party can make us allocate; it is checked
     against the manifest before any memory is reserved.
+
+    ``one_buffer``: the tensors are views of one ``[expected]`` byte buffer at their payload offsets (when every
+    offset is a multiple of its tensor's item size; otherwise one allocation per tensor, as without it). A model
+    whose tensors are all float32 then arrives as one contiguous float32 vector: the server computes the update
+    in that buffer (:meth:`fedserver.global_models.GlobalModels.flatten_update` with ``consume``) instead of
+    allocating a second ``[P]`` copy.
     """
 
     def __init__(self, manifest: Sequence[TensorMeta], announced_bytes: int | None = None,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, one_buffer: bool = False) -> None:
         check_manifest(manifest)
         self.manifest = list(manifest)
         self.expected = total_bytes(self.manifest)
@@ -221,7 +227,9 @@ class Reassembler:
         if max_bytes is not None and self.expected > max_bytes:
             raise SerializationError(f"payload of {self.expected} bytes exceeds the limit of {max_bytes}")
         # Uninitialised: every byte is written by feed() before finish() accepts the tensors.
-        self._tensors = {m.name: torch.empty(m.shape, dtype=DTYPES[m.dtype]) for m in self.manifest}
+        shared = _one_buffer(self.manifest, self.expected) if one_buffer else None
+        self._tensors: dict[str, torch.Tensor] = shared if shared is not None else {
+            m.name: torch.empty(m.shape, dtype=DTYPES[m.dtype]) for m in self.manifest}
         # (end offset in the payload, flat byte view) of every non-empty tensor, in payload order.
         self._ends: list[int] = []
         self._views: list[np.ndarray] = []
@@ -270,6 +278,27 @@ class Reassembler:
         return out
 
 
+def _one_buffer(manifest: Sequence[TensorMeta], nbytes: int) -> dict[str, torch.Tensor] | None:
+    """Uninitialised tensors viewing one ``[nbytes]`` byte buffer at their payload offsets, or None when a
+    tensor's offset is not a multiple of its item size (a view of another dtype must be aligned)."""
+    offset = 0
+    for m in manifest:
+        if offset % m.itemsize:
+            return None
+        offset += m.nbytes
+    buffer = torch.empty(nbytes, dtype=torch.uint8)
+    out: dict[str, torch.Tensor] = {}
+    offset = 0
+    for m in manifest:
+        dt = DTYPES[m.dtype]
+        if m.nbytes:
+            out[m.name] = buffer[offset : offset + m.nbytes].view(dt).reshape(m.shape)
+        else:
+            out[m.name] = torch.empty(m.shape, dtype=dt)
+        offset += m.nbytes
+    return out
+
+
 def unpack(manifest: Sequence[TensorMeta], payload: bytearray | np.ndarray) -> dict[str, torch.Tensor]:
     """Tensors viewing ``payload`` (no copy); ``payload`` must be exactly the manifest's size."""
     check_manifest(manifest)
@@ -291,12 +320,11 @@ def unpack(manifest: Sequence[TensorMeta], payload: bytearray | np.ndarray) -> d
     return out
 
 
-def roundtrip_chunks(state: Mapping[str, torch.Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[
-    str, torch.Tensor
-]:
+def roundtrip_chunks(state: Mapping[str, torch.Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                     one_buffer: bool = False) -> dict[str, torch.Tensor]:
     """Pack, chunk and reassemble: what a receiver gets (used in tests and benchmarks)."""
     manifest, payload = payload_of(state)
-    r = Reassembler(manifest, total_bytes(manifest))
+    r = Reassembler(manifest, total_bytes(manifest), one_buffer=one_buffer)
     for off, pieces in payload.chunks(chunk_bytes):
         for piece in pieces:
             r.feed(off, piece)

@@ -59,9 +59,24 @@ class GlobalModels:
         return torch.cat(parts) if parts else torch.zeros(0)
 
     def flatten_update(self, tensors: Mapping[str, torch.Tensor], is_delta: bool,
-                       model_id: str = GLOBAL) -> torch.Tensor:
-        """A client's upload as the ``[P]`` float32 update u_i (weights minus the model it was handed)."""
+                       model_id: str = GLOBAL, consume: bool = False) -> torch.Tensor:
+        """A client's upload as the ``[P]`` float32 update u_i (weights minus the model it was handed).
+
+        ``consume``: the caller gives ``tensors`` up (the server's received upload). When their floating-point
+        tensors are float32 and lie back to back in one buffer, in the model's order (a model of float32 tensors
+        received by :class:`fedcore.serialization.Reassembler` with ``one_buffer``), u_i is computed in that
+        buffer, which is returned: no second ``[P]`` vector is allocated, and the result is bit-identical to the
+        copying path (the same float32 subtraction per element)."""
         base = self._models[model_id]
+        run = self._float32_run(tensors) if consume else None
+        if run is not None:
+            if not is_delta:
+                offset = 0
+                for name in self.float_names:
+                    b = base[name].reshape(-1)
+                    run[offset : offset + b.numel()].sub_(b.to(torch.float32))
+                    offset += b.numel()
+            return run
         # Written in place into one [P] vector: each received float32 tensor is read once (no per-tensor
         # difference and no concatenation copy).
         flat = torch.empty(self.num_params, dtype=torch.float32)
@@ -75,6 +90,26 @@ class GlobalModels:
                 torch.sub(t, base[name].reshape(-1).to(torch.float32), out=out)
             offset += t.numel()
         return flat
+
+    def _float32_run(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+        """The ``[P]`` float32 vector that ``tensors``' floating-point tensors are views of, back to back in the
+        model's order, or None when they are not."""
+        run = [tensors[name] for name in self.float_names]
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in run):
+            return None
+        run = [t for t in run if t.numel()]  # an empty tensor holds no bytes of the run
+        if not run:
+            return None
+        first = run[0]
+        expect = first.data_ptr()
+        for t in run:
+            if not t.is_contiguous() or t.data_ptr() != expect:
+                return None
+            expect += t.numel() * 4
+        storage = first.untyped_storage()
+        if (first.storage_offset() + self.num_params) * 4 > storage.nbytes():
+            return None
+        return torch.empty(0, dtype=torch.float32).set_(storage, first.storage_offset(), (self.num_params,), (1,))
 
     def state_from_flat(self, flat: torch.Tensor, model_id: str = GLOBAL) -> dict[str, torch.Tensor]:
         """A state dict with ``flat`` as its floating-point tensors and model ``model_id``'s other tensors (e.g.

@@ -138,7 +138,8 @@ class UpdateIntake:
         reason = rm.admission(self._state(), cid, round_)
         if reason is not None:
             self.reject_ticket(ticket, "FAILED_PRECONDITION", reason)
-        flat = self.models.flatten_update(tensors, ticket.is_delta, ticket.model_id)
+        # The upload is the intake's (the servicer drops it): u_i is computed in its buffer where it can be.
+        flat = self.models.flatten_update(tensors, ticket.is_delta, ticket.model_id, consume=True)
         if not bool(torch.isfinite(flat).all()):
             bad = next(k for k in self.models.float_names if not bool(torch.isfinite(tensors[k]).all()))
             self.reject_ticket(ticket, "INVALID_ARGUMENT", f"tensor {bad!r} has non-finite values")

@@ -204,7 +204,8 @@ class FederationServicer:
             with self.limits.upload(h.session_id, int(h.total_bytes)):
                 digest = hashlib.sha256() if h.payload_sha256 else None
                 try:
-                    asm = Reassembler(manifest, int(h.total_bytes), self.coord.config.server.max_update_bytes)
+                    asm = Reassembler(manifest, int(h.total_bytes), self.coord.config.server.max_update_bytes,
+                                      one_buffer=True)
                     while (item := await self._next(it, h.session_id)) is not None:
                         if item.chunk is not None:  # the common case: the chunk's data read in place
                             offset, data = item.chunk

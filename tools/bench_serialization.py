@@ -13,6 +13,13 @@ Measured side by side in one run, median of --reps repetitions, MB/s = model byt
   np.save      np.save of every array into one BytesIO, then np.load of each (the issue's reference)
 The protobuf framing is the bytes gRPC carries; the socket itself is not included.
 
+Then the server's side of an upload, received and turned into the update u_i = weights - global (what the intake
+hands the aggregator), side by side:
+  per tensor   the wire path into one torch.empty per tensor, then flatten_update writes u_i into a new [P]
+  one buffer   the wire path into one buffer (Reassembler one_buffer), u_i computed in that buffer
+               (flatten_update consume: what fedserver does since issue 30's item 4, second half)
+with the bytes each allocates per upload (the distinct storages of the tensors and of u_i).
+
     python tools/bench_serialization.py [--reps 50]
 """
 
@@ -22,7 +29,7 @@ import argparse
 import io
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -53,13 +60,13 @@ def model_state() -> dict[str, torch.Tensor]:
     return {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}
 
 
-def wire_roundtrip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def wire_roundtrip(state: dict[str, torch.Tensor], one_buffer: bool = False) -> dict[str, torch.Tensor]:
     manifest, payload = payload_of(state)
     header = pb.TaskMessage(header=pb.TaskHeader(tensors=wire.metas_to_pb(manifest), total_bytes=len(payload)))
     frames = [header.SerializeToString()]
     frames += wire.chunk_frame_bytes(payload, pb.TaskMessage)
     first = pb.TaskMessage.FromString(frames[0]).header
-    asm = Reassembler(wire.metas_from_pb(first.tensors), first.total_bytes)
+    asm = Reassembler(wire.metas_from_pb(first.tensors), first.total_bytes, one_buffer=one_buffer)
     for f in frames[1:]:
         chunk = wire.read_chunk(f, pb.TaskMessage)
         assert chunk is not None
@@ -126,7 +133,7 @@ def npsave_roundtrip(arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [np.load(buf) for _ in arrays]
 
 
-def interleaved(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+def interleaved(fns: Mapping[str, Callable[[], object]], reps: int) -> dict[str, float]:
     """Median seconds of each function, timed round-robin so allocator and cache state hit all alike."""
     for fn in fns.values():
         fn()  # warm-up
@@ -167,6 +174,43 @@ def main() -> None:
         print(f"{name:<36} {t * 1e3:>8.2f} {nbytes / 1e6 / t:>9.0f} {ref / t:>10.2f}x")
     new, old = results["wire (zero-copy + protobuf framing)"], results["old wire (previous release)"]
     print(f"with framing: new path {ref / new:.2f}x np.save, old path {ref / old:.2f}x (new/old {old / new:.2f}x)")
+    upload_to_update(state, args.reps)
+
+
+def allocated_bytes(*tensors: torch.Tensor) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.numel()}
+    return sum(storages.values())
+
+
+def upload_to_update(state: dict[str, torch.Tensor], reps: int) -> None:
+    """The server's upload -> u_i, per-tensor buffers + a new [P] vs one buffer consumed in place."""
+    from fedserver.global_models import GlobalModels
+
+    g = torch.Generator().manual_seed(1)
+    models = GlobalModels({k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in state.items()})
+
+    def per_tensor() -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        got = wire_roundtrip(state)
+        return got, models.flatten_update(got, False)
+
+    def one_buffer() -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        got = wire_roundtrip(state, one_buffer=True)
+        return got, models.flatten_update(got, False, consume=True)
+
+    paths: dict[str, Callable[[], tuple[dict[str, torch.Tensor], torch.Tensor]]] = {
+        "per tensor + new [P] (before)": per_tensor, "one buffer, u_i in place (now)": one_buffer}
+    outs = {name: fn() for name, fn in paths.items()}
+    a, b = (u for _, u in outs.values())
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), "the two paths must give the same bits"
+    results = interleaved(paths, reps)
+    print(f"server upload -> update u_i (median of {reps}):")
+    print(f"{'path':<36} {'ms':>8} {'allocated MB':>13}")
+    for name, t in results.items():
+        got, u = outs[name]
+        print(f"{name:<36} {t * 1e3:>8.2f} {allocated_bytes(*got.values(), u) / 1e6:>13.2f}")
+    before, now = results["per tensor + new [P] (before)"], results["one buffer, u_i in place (now)"]
+    print(f"one buffer: {before / now:.2f}x faster, allocates the payload only (bit-identical u_i)")
 
 
 if __name__ == "__main__":

@@ -53,10 +53,11 @@ shapes = st.lists(st.integers(min_value=0, max_value=7), min_size=0, max_size=4)
 @settings(max_examples=60, deadline=None)
 @given(specs=st.lists(st.tuples(st.sampled_from(DTYPE_NAMES), shapes, st.integers(0, 2**31)), min_size=0,
                       max_size=6),
-       chunk=st.integers(min_value=1, max_value=300))
-def test_roundtrip_any_dtype_shape_and_chunk_size(specs: list[tuple[str, tuple[int, ...], int]], chunk: int) -> None:
+       chunk=st.integers(min_value=1, max_value=300), one_buffer=st.booleans())
+def test_roundtrip_any_dtype_shape_and_chunk_size(specs: list[tuple[str, tuple[int, ...], int]], chunk: int,
+                                                  one_buffer: bool) -> None:
     state = {f"t{i}": _random_tensor(DTYPES[d], shape, seed) for i, (d, shape, seed) in enumerate(specs)}
-    _assert_same(state, roundtrip_chunks(state, chunk_bytes=chunk))
+    _assert_same(state, roundtrip_chunks(state, chunk_bytes=chunk, one_buffer=one_buffer))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "bool"])

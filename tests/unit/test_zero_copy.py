@@ -230,3 +230,49 @@ def test_the_server_reads_update_chunks_in_place_and_parses_every_other_frame() 
     assert decode(b"\x12\xff").message is None and decode(b"\x12\xff").error.startswith("undecodable UpdateMessage")
     task = pb.TaskMessage(header=pb.TaskHeader(round=1))
     assert _serialize_task(task) == task.SerializeToString() and _serialize_task(b"\x1a\x00") == b"\x1a\x00"
+
+
+def test_one_buffer_lays_the_tensors_back_to_back_and_falls_back_when_misaligned() -> None:
+    """``one_buffer``: every tensor views one byte buffer at its payload offset (same bits as the per-tensor
+    path); a tensor whose offset is not a multiple of its item size makes the receiver allocate per tensor."""
+    g = torch.Generator().manual_seed(5)
+    state = {"w": torch.randn(5, 3, generator=g), "e": torch.empty(0), "b": torch.randn(7, generator=g),
+             "i": torch.arange(4, dtype=torch.int64)}  # 88 bytes of float32 before it: aligned to 8
+    out = roundtrip_chunks(state, chunk_bytes=13, one_buffer=True)
+    _assert_bit_identical(state, out)
+    base = out["w"].untyped_storage().data_ptr()
+    assert out["w"].untyped_storage().nbytes() == 15 * 4 + 7 * 4 + 4 * 8  # one allocation for the payload
+    assert [out[k].data_ptr() - base for k in ("w", "b", "i")] == [0, 60, 88]
+    odd = {"w": torch.randn(3, generator=g), "i": torch.arange(2, dtype=torch.int64)}  # int64 at offset 12
+    got = roundtrip_chunks(odd, chunk_bytes=5, one_buffer=True)
+    _assert_bit_identical(odd, got)
+    assert got["w"].untyped_storage().data_ptr() != got["i"].untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("is_delta", [False, True])
+def test_a_consumed_float32_upload_becomes_the_update_without_a_second_copy(is_delta: bool) -> None:
+    """Item 4's second half: the server's upload of a float32 model arrives in one buffer, and u_i is computed in
+    that buffer (no second [P] vector), bit for bit what the copying path computes."""
+    from fedserver.global_models import GlobalModels
+
+    g = torch.Generator().manual_seed(7)
+    init = {"0.weight": torch.randn(40, 6, generator=g), "0.bias": torch.randn(40, generator=g),
+            "empty": torch.empty(0), "1.weight": torch.randn(3, 40, generator=g)}
+    models = GlobalModels(init)
+    sent = {k: v + torch.randn(v.shape, generator=g) for k, v in init.items()}
+    want = models.flatten_update(roundtrip_chunks(sent), is_delta)  # the copying path
+    received = roundtrip_chunks(sent, chunk_bytes=97, one_buffer=True)
+    got = models.flatten_update(received, is_delta, consume=True)
+    assert _bits(got) == _bits(want) and got.shape == (models.num_params,)
+    assert got.data_ptr() == received["0.weight"].data_ptr()  # the received buffer itself
+    assert _bits(models.get()["0.weight"]) == _bits(init["0.weight"])  # the global model is untouched
+    # Not consumed, or not one float32 run (per-tensor buffers, a float64 tensor): a new vector, same bits.
+    again = roundtrip_chunks(sent, chunk_bytes=97, one_buffer=True)
+    kept = models.flatten_update(again, is_delta)
+    assert kept.data_ptr() != again["0.weight"].data_ptr() and _bits(kept) == _bits(want)
+    apart = roundtrip_chunks(sent, chunk_bytes=97)
+    assert models.flatten_update(apart, is_delta, consume=True).data_ptr() != apart["0.weight"].data_ptr()
+    mixed = GlobalModels({**init, "d": torch.randn(2, generator=g, dtype=torch.float64)})
+    upd = roundtrip_chunks({**sent, "d": torch.randn(2, generator=g, dtype=torch.float64)}, one_buffer=True)
+    flat = mixed.flatten_update(upd, is_delta, consume=True)
+    assert flat.data_ptr() != upd["0.weight"].data_ptr() and flat.shape == (mixed.num_params,)
