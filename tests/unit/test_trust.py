@@ -53,6 +53,29 @@ def test_a_built_in_model_is_checked_on_the_meta_device_before_it_is_allocated()
     assert e.value.field == "model_kwargs_json"
 
 
+def test_a_host_checks_one_announcement_on_the_meta_device_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many virtual clients of one federation: the meta check runs for the first; a changed spec, arguments or
+    registered factory is checked again, and a failed check is never remembered."""
+    import fedcore.trust as trust
+
+    checks: list[Any] = []
+    real = trust._check_on_meta
+    monkeypatch.setattr(trust, "_VERIFIED", set())
+    monkeypatch.setattr(trust, "_check_on_meta", lambda *a: (checks.append(a[2]), real(*a))[1])
+    fed = _fed(model_kwargs={"hidden": [7]}, model_spec=tuple(model_manifest(build_model("mlp", {"hidden": [7]}))))
+    for _ in range(3):
+        assert model_manifest(build_announced_model(fed, 1 << 30)) == list(fed.model_spec)
+    assert len(checks) == 1
+    lying = dataclasses.replace(fed, model_kwargs={"hidden": [1 << 20, 1 << 20]})  # same spec, other arguments
+    for _ in range(2):
+        with pytest.raises(TrustError, match="does not build the announced tensors"):
+            build_announced_model(lying, 1 << 40)
+    other_spec = dataclasses.replace(fed, model_spec=_fed().model_spec)  # same arguments, another spec
+    with pytest.raises(TrustError, match="does not build the announced tensors"):
+        build_announced_model(other_spec, 1 << 30)
+    assert len(checks) == 4
+
+
 @pytest.mark.parametrize(("dataset", "options", "field"), [
     ("npz", {"path": "/etc/passwd"}, "data_options_json.path"),
     ("cifar10", {"source": "pickle"}, "data_options_json.source"),
