@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import grpc
 
 from fedclient.errors import FedClientError, FedClientRefused, SessionLost, Stopped
+from fedclient.stream import WATCHDOG, SessionStream
 from fedclient.transport import ChannelPool, Refused, Transport, classify_unauthenticated, classify_unavailable
 from fedcore.config import ClientConfig, ConfigError
 from fedcore.identity import shorten
@@ -76,6 +77,10 @@ class Connection:
         self._call_lock = threading.Lock()
         self._inflight: Any = None
         self._alive_depth = 0
+        # The Session stream (pulls and pushes as exchanges on one call), unless configured off, the requests are
+        # signed, or the server has none for this client.
+        self._stream: SessionStream | None = None
+        self._stream_off = not config.session_stream
 
     # ---- lifecycle ----
 
@@ -89,6 +94,9 @@ class Connection:
         return self.transport
 
     def close(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
         if self.transport is not None:
             self.transport.close()
 
@@ -108,6 +116,41 @@ class Connection:
     def set_heartbeat_interval(self, seconds: float) -> None:
         """The server's heartbeat interval, bounded to [0.1, 600] s (5 s when it says nothing usable)."""
         self.heartbeat_s = min(max(seconds, 0.1), 600.0) if math.isfinite(seconds) and seconds > 0 else 5.0
+
+    # ---- the Session stream ----
+
+    def stream(self) -> SessionStream | None:
+        """The Session stream to exchange on (opened at first use and after an error), or None: the unary calls."""
+        transport = self.require()
+        if self._stream_off or transport.signs:
+            return None
+        if self._stream is None or self._stream.broken:
+            self._stream = transport.open_session()
+        return self._stream
+
+    def stream_refused(self, e: grpc.RpcError) -> bool:
+        """Whether ``e`` says the server has no Session stream for this client (a server that predates it, or one
+        that requires signed requests); the unary calls are used from then on."""
+        code = e.code() if hasattr(e, "code") else None
+        details = str(e.details() if hasattr(e, "details") else "") or ""
+        if code == grpc.StatusCode.UNIMPLEMENTED or (code == grpc.StatusCode.FAILED_PRECONDITION
+                                                     and "signed requests" in details):
+            self._stream_off = True
+            self.log.info("client.session_stream_off", client_id=self.client_id, code=str(code),
+                          reason=shorten(details, 200))
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def exchange(self, stream: SessionStream, seconds: float) -> Iterator[SessionStream]:
+        """One exchange on ``stream``: :meth:`cancel_inflight` (a stop) cancels it, as does a deadline of
+        ``seconds``; an exchange that does not complete leaves the stream in no known state: it is ended."""
+        with self.inflight(stream), WATCHDOG.armed(seconds, stream.cancel):
+            try:
+                yield stream
+            except BaseException:
+                stream.cancel()
+                raise
 
     # ---- waiting and stopping ----
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import torch
+from google.protobuf.message import DecodeError
 
 from fedclient.connection import Connection
 from fedclient.embed import EmbeddingApi
@@ -25,6 +26,8 @@ from fedclient.local_round import LocalRound, LocalRoundError
 from fedclient.mods import CallNext, ModContext, RoundReply, RoundTask, chain, client_mods
 from fedclient.setup import ClientSetup
 from fedclient.simulation import DeviceSimulation
+from fedclient.stream import StreamEnded
+from fedclient.transport import update_frames
 from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.models import model_fingerprint, model_manifest
@@ -182,28 +185,57 @@ class RoundRunner:
 
     def _pull(self) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
         req = pb.PullTaskRequest(session_id=self.conn.session, max_wait_s=self.config.long_poll_s)
-        call = self.conn.require().pull(req, timeout=self.config.long_poll_s + 30.0)
-        with self.conn.inflight(call):
+        limit = self.config.long_poll_s + 30.0
+        stream = self.conn.stream()
+        if stream is not None:
             try:
-                it: Iterator[bytes] = iter(call)
-                first = pb.TaskMessage.FromString(next(it))
-                if first.WhichOneof("kind") == "wait":
+                with self.conn.exchange(stream, limit):
+                    stream.send([pb.SessionRequest(pull=req).SerializeToString()])
+                    return self._read_task(stream.reply, pb.SessionReply)
+            except grpc.RpcError as e:
+                if not self.conn.stream_refused(e):
+                    raise
+        call = self.conn.require().pull(req, timeout=limit)
+        with self.conn.inflight(call):
+            it: Iterator[bytes] = iter(call)
+            task = self._read_task(lambda: next(it), pb.TaskMessage)
+            for _ in it:  # PullTask ends with the task's last chunk
+                raise FedClientError("server sent a malformed model: more frames than the task announced")
+            return task
+
+    def _read_task(self, frame: Callable[[], bytes], message: type[pb.TaskMessage] | type[pb.SessionReply]) -> (
+        pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]
+    ):
+        """A pull's answer from its frames (``frame()``: the next one): a Wait, or a task's header and its model
+        (each chunk's bytes copied once, from the frame into its tensor)."""
+        try:
+            try:
+                first = message.FromString(frame())
+                kind = first.WhichOneof("kind")
+                if kind == "wait":
                     return first.wait
+                if kind != "header":
+                    raise SerializationError(f"a pull answered with {kind or 'an empty message'}")
                 header = first.header
                 manifest = wire.metas_from_pb(header.tensors)
                 assert self.setup.model is not None
                 if manifest != model_manifest(self.setup.model):
                     raise SerializationError("the task's tensors are not this client's model")
                 asm = Reassembler(manifest, int(header.total_bytes))
-                for raw in it:  # each chunk's bytes copied once, from the frame into its tensor
-                    chunk = wire.read_chunk(raw, pb.TaskMessage)
+                while asm.received < asm.expected:
+                    raw = frame()
+                    chunk = wire.read_chunk(raw, message)
                     if chunk is None:
-                        msg = pb.TaskMessage.FromString(raw)
+                        msg = message.FromString(raw)
+                        if msg.WhichOneof("kind") != "chunk":
+                            raise SerializationError("a message other than a chunk inside the task's model")
                         chunk = int(msg.chunk.offset), memoryview(msg.chunk.data)
                     asm.feed(*chunk)
                 return header, asm.finish()
-            except SerializationError as e:
-                raise FedClientError(f"server sent a malformed model: {e}") from None
+            except StopIteration:
+                raise SerializationError("the task ended before its model did") from None
+        except (SerializationError, DecodeError) as e:
+            raise FedClientError(f"server sent a malformed model: {e}") from None
 
     # ---- one task ----
 
@@ -252,6 +284,20 @@ class RoundRunner:
             header = pb.UpdateHeader(
                 session_id=self.conn.session, round=round_, report=wire.update_report_to_pb(report), kind=pb.WEIGHTS,
                 tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
+            stream = self.conn.stream()
+            if stream is not None:
+                try:
+                    with self.conn.exchange(stream, 120.0):
+                        first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest)
+                        stream.send([first])
+                        stream.send(chunks)  # drained by gRPC while this thread waits for the reply
+                        answer = pb.SessionReply.FromString(stream.reply())
+                        if answer.WhichOneof("kind") != "pushed":
+                            raise StreamEnded("the server answered an update with something other than its reply")
+                        return answer.pushed
+                except grpc.RpcError as e:
+                    if not self.conn.stream_refused(e):
+                        raise
             reply: pb.PushReply = self.conn.tracked(self.conn.require().push(header, payload, chunk_bytes,
                                                                              timeout=120.0))
             return reply

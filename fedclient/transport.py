@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fedclient.stream import SessionStream
 from fedcore.config import ClientConfig, ConfigError
 from fedcore.serialization import Payload
 from fedguard import wire
@@ -226,6 +227,14 @@ class ChannelPool:
         channel.close()
 
 
+def update_frames(header: pb.UpdateHeader, payload: Payload | bytes | bytearray | memoryview, chunk_bytes: int,
+                  message: type[pb.UpdateMessage] | type[pb.SessionRequest]) -> tuple[bytes, Iterator[bytes]]:
+    """An update as ``message`` frames: the header (given the payload's SHA-256) and the chunks, sent from the
+    payload's own storage (each byte copied once, into its frame)."""
+    header.payload_sha256 = payload.sha256() if isinstance(payload, Payload) else hashlib.sha256(payload).digest()
+    return message(header=header).SerializeToString(), wire.chunk_frame_bytes(payload, message, chunk_bytes)
+
+
 class Transport:
     """One channel and the federation's calls over it, each request signed when a signing key is set. With a
     :class:`ChannelPool`, the channel is the pool's (shared with the process's other clients)."""
@@ -253,6 +262,7 @@ class Transport:
         # PullTask's replies stay bytes: the runner reads chunk frames in place (fedguard.wire.read_chunk).
         self._pull = self.channel.unary_stream(self.path("PullTask"), None, None)
         self._push = self.channel.stream_unary(self.path("PushUpdate"), None, pb.PushReply.FromString)
+        self._session = self.channel.stream_stream(self.path("Session"), None, None)  # bytes both ways
         # A channel of its own keeps its completion-queue thread with its own standing call (a pool's has one).
         self._health_watch = _keep_thread(self.channel) if self._pool is None else None
 
@@ -282,14 +292,22 @@ class Transport:
              timeout: float) -> Any:
         """Start a PushUpdate: the header (with the payload's SHA-256) then the chunks; a future of the reply. A
         :class:`Payload` is sent from the tensors' own storage (each byte copied once, into its frame)."""
-        header.payload_sha256 = payload.sha256() if isinstance(payload, Payload) else hashlib.sha256(payload).digest()
-        first = pb.UpdateMessage(header=header).SerializeToString()
+        first, chunks = update_frames(header, payload, chunk_bytes, pb.UpdateMessage)
 
         def frames() -> Iterator[bytes]:
             yield first
-            yield from wire.chunk_frame_bytes(payload, pb.UpdateMessage, chunk_bytes)
+            yield from chunks
 
         return self._push.future(frames(), timeout=timeout, metadata=self._metadata("PushUpdate", first))
+
+    @property
+    def signs(self) -> bool:
+        """Whether requests are signed (the Session stream does not carry signatures)."""
+        return self._key is not None
+
+    def open_session(self) -> SessionStream:
+        """Start a ``Session`` call (:mod:`fedclient.stream`)."""
+        return SessionStream(self._session)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -56,6 +56,8 @@ def metas_from_pb(ps: Sequence[pb.TensorMeta]) -> list[TensorMeta]:
 
 
 M = TypeVar("M", pb.TaskMessage, pb.UpdateMessage)
+# The stream messages that carry chunks.
+Chunked = pb.TaskMessage | pb.UpdateMessage | pb.SessionReply | pb.SessionRequest
 
 
 def chunk_frames(payload: bytes | bytearray | memoryview, message: type[M],
@@ -80,7 +82,7 @@ def chunk_frames(payload: bytes | bytearray | memoryview, message: type[M],
 # through protobuf's parser, so every frame means what protobuf says it means.
 
 # The field number of ``chunk`` in each stream message.
-_CHUNK_FIELD: dict[type, int] = {pb.TaskMessage: 3, pb.UpdateMessage: 2}
+_CHUNK_FIELD: dict[type, int] = {pb.TaskMessage: 3, pb.UpdateMessage: 2, pb.SessionReply: 3, pb.SessionRequest: 2}
 _OFFSET_TAG = 0x08  # Chunk.offset: field 1, varint
 _DATA_TAG = 0x12  # Chunk.data: field 2, length-delimited
 
@@ -107,7 +109,7 @@ def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int] | None:
     return None
 
 
-def chunk_frame_bytes(payload: Payload | bytes | bytearray | memoryview, message: type[M],
+def chunk_frame_bytes(payload: Payload | bytes | bytearray | memoryview, message: type[Chunked],
                       chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
     """The serialized ``message`` frames whose ``chunk`` carries consecutive slices of ``payload``: byte for byte
     what ``chunk_frames(...)``'s messages serialize to, each chunk's bytes copied once (from the payload, e.g. a
@@ -124,7 +126,7 @@ def chunk_frame_bytes(payload: Payload | bytes | bytearray | memoryview, message
         yield b"".join(parts)
 
 
-def read_chunk(raw: bytes | memoryview, message: type[M]) -> tuple[int, memoryview] | None:
+def read_chunk(raw: bytes | memoryview, message: type[Chunked]) -> tuple[int, memoryview] | None:
     """(offset, data) of a chunk frame in the canonical layout, ``data`` a view into ``raw`` (no copy); None for
     any other frame (a header, a wait, a non-canonical or malformed chunk: parse those with protobuf)."""
     buf = memoryview(raw)

@@ -50,6 +50,8 @@ class HostSpec:
     data_options: dict[str, Any] = field(default_factory=dict)
     # The longest wait each client asks the server to hold a PullTask (ClientConfig.long_poll_s).
     long_poll_s: float = 20.0
+    # Pulls and pushes on one Session stream per client (ClientConfig.session_stream); False: the unary calls.
+    session_stream: bool = True
 
 
 def host_spec(args: argparse.Namespace, address: str, first: int, count: int, ship_tls: bool = False) -> HostSpec:
@@ -104,7 +106,7 @@ def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
                                           opt_out=i in spec.holdouts,
                                           private_epochs=spec.private_epochs, device=spec.device,
                                           backoff_max_s=spec.backoff_max, data_options=dict(spec.data_options),
-                                          long_poll_s=spec.long_poll_s,
+                                          long_poll_s=spec.long_poll_s, session_stream=spec.session_stream,
                                           attack=attack if i in spec.attackers else AttackConfig(),
                                           **client_tls_options(tls_dir, client_id(i)), **named))
                    for i in range(spec.first, spec.first + spec.count)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,16 +49,21 @@ class Incoming:
     raw: bytes
     error: str = ""
     # An update chunk read in place (offset, a view of its data inside ``raw``): ``message`` is then None until
-    # :func:`_message` parses ``raw`` (only a stream that does not start with its header needs that).
+    # :func:`_message` parses ``raw`` as ``kind`` (only a stream that does not start with its header needs that).
     chunk: tuple[int, memoryview] | None = None
+    kind: Any = None
+
+
+# The stream messages whose chunks are read in place.
+_CHUNKED = (pb.UpdateMessage, pb.SessionRequest)
 
 
 def _decoder(cls: Any) -> Callable[[bytes], Incoming]:
     def decode(data: bytes) -> Incoming:
-        if cls is pb.UpdateMessage:
-            chunk = wire.read_chunk(data, pb.UpdateMessage)
+        if cls in _CHUNKED:
+            chunk = wire.read_chunk(data, cls)
             if chunk is not None:
-                return Incoming(None, data, chunk=chunk)
+                return Incoming(None, data, chunk=chunk, kind=cls)
         try:
             return Incoming(cls.FromString(data), data)
         except Exception as e:  # DecodeError, or anything else a hostile buffer provokes in the parser
@@ -67,14 +72,14 @@ def _decoder(cls: Any) -> Callable[[bytes], Incoming]:
     return decode
 
 
-def _serialize_task(msg: pb.TaskMessage | bytes) -> bytes:
-    """PullTask's replies: chunk frames arrive serialized (:func:`fedguard.wire.chunk_frame_bytes`)."""
+def _serialize_task(msg: pb.TaskMessage | pb.SessionReply | bytes) -> bytes:
+    """PullTask's and Session's replies: chunk frames arrive serialized (:func:`fedguard.wire.chunk_frame_bytes`)."""
     return msg if isinstance(msg, bytes) else msg.SerializeToString()
 
 
 def _message(item: Incoming) -> Any:
     if item.chunk is not None:
-        return pb.UpdateMessage.FromString(item.raw)
+        return item.kind.FromString(item.raw)
     if item.message is None:
         raise ProtocolError("INVALID_ARGUMENT", item.error)
     return item.message
@@ -136,18 +141,17 @@ class FederationServicer:
                             heartbeat_interval_s=self.coord.config.server.heartbeat_interval_s,
                             client_index=res.client_index)
 
-    async def PullTask(self, item: Incoming, context: grpc.aio.ServicerContext) -> AsyncIterator[
-        pb.TaskMessage | bytes
-    ]:
-        try:
-            request = _message(item)
-            bounds.check_pull(request)
-            cid = self._session_of(self.auth.identify(method_path("PullTask"), context, item.raw),
-                                   request.session_id)
-            with self.limits.pull(request.session_id):
-                res = await self.coord.polls.pull(request.session_id, request.max_wait_s, request.declined)
-        except ProtocolError as e:
-            await self._refuse(context, "PullTask", e)
+    async def _poll(self, request: pb.PullTaskRequest, raw: bytes, method: str,
+                    context: grpc.aio.ServicerContext) -> tuple[str, Any]:
+        """A pull's checks, then its long-poll: (client id, a :class:`Task` or the wait)."""
+        bounds.check_pull(request)
+        cid = self._session_of(self.auth.identify(method_path(method), context, raw), request.session_id)
+        with self.limits.pull(request.session_id):
+            res = await self.coord.polls.pull(request.session_id, request.max_wait_s, request.declined)
+        return cid, res
+
+    def _task_messages(self, res: Any) -> Iterator[pb.TaskMessage | bytes]:
+        """A pull's answer as PullTask streams it: one Wait, or the task's header and the model's chunks."""
         if not isinstance(res, Task):
             yield pb.TaskMessage(wait=pb.Wait(retry_after_s=res.retry_after_s, finished=res.finished,
                                               reason=res.reason))
@@ -157,35 +161,60 @@ class FederationServicer:
                                                   tensors=wire.metas_to_pb(res.manifest), total_bytes=total,
                                                   recovery=res.recovery, learning_rate=res.learning_rate))
         # The chunks as serialized frames, each byte copied once from the cached payload into its frame.
-        for frame in wire.chunk_frame_bytes(res.payload, pb.TaskMessage, self.coord.config.server.chunk_bytes):
-            yield frame
-        self.coord.timing.handed_out(cid, res.round)  # the hand-out ends once the model is written out
+        yield from wire.chunk_frame_bytes(res.payload, pb.TaskMessage, self.coord.config.server.chunk_bytes)
 
-    async def _next(self, it: AsyncIterator[Incoming], session: str) -> Incoming | None:
-        """The stream's next message; a stream idle for ``stream_idle_timeout_s`` is cancelled."""
+    async def PullTask(self, item: Incoming, context: grpc.aio.ServicerContext) -> AsyncIterator[
+        pb.TaskMessage | bytes
+    ]:
         try:
-            return await asyncio.wait_for(anext(it, None), self.idle_s)
-        except asyncio.TimeoutError:
-            self.log.warning("update.stalled", session=session[:8], idle_s=self.idle_s,
-                             reason="no message within stream_idle_timeout_s: upload cancelled, buffer freed")
-            raise ProtocolError("DEADLINE_EXCEEDED", f"update stream idle for {self.idle_s:g} s; its partial "
-                                                     "data was dropped, send the update again") from None
+            cid, res = await self._poll(_message(item), item.raw, "PullTask", context)
+        except ProtocolError as e:
+            await self._refuse(context, "PullTask", e)
+        for message in self._task_messages(res):
+            yield message
+        if isinstance(res, Task):
+            self.coord.timing.handed_out(cid, res.round)  # the hand-out ends once the model is written out
+
+    async def _next(self, it: AsyncIterator[Incoming], session: str, idle_s: float | None = None) -> Incoming | None:
+        """The stream's next message; a stream idle for ``idle_s`` (``stream_idle_timeout_s``) is cancelled."""
+        idle_s = self.idle_s if idle_s is None else idle_s
+        try:
+            async with asyncio.timeout(idle_s):
+                return await anext(it, None)
+        except TimeoutError:
+            if session:
+                self.log.warning("update.stalled", session=session[:8], idle_s=idle_s,
+                                 reason="no message within stream_idle_timeout_s: upload cancelled, buffer freed")
+                raise ProtocolError("DEADLINE_EXCEEDED", f"update stream idle for {idle_s:g} s; its partial "
+                                                         "data was dropped, send the update again") from None
+            raise ProtocolError("DEADLINE_EXCEEDED", f"stream idle for {idle_s:g} s; open a new one") from None
 
     async def PushUpdate(self, request_iterator: AsyncIterator[Incoming],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
         it = aiter(request_iterator)
-        asm: Reassembler | None = None
-        tensors: dict[str, torch.Tensor] | None = None
         try:
             first = await self._next(it, "")
             if first is None:
                 raise ProtocolError("INVALID_ARGUMENT", "an update stream must start with its header")
+            await self._update(first, it, "PushUpdate", context, whole_stream=True)
+        except ProtocolError as e:
+            await self._refuse(context, "PushUpdate", e)
+        return pb.PushReply(accepted=True)
+
+    async def _update(self, first: Incoming, it: AsyncIterator[Incoming], method: str,
+                      context: grpc.aio.ServicerContext, whole_stream: bool) -> None:
+        """Receive one update, ``first`` its header, the chunks from ``it``, and hand it to the intake; raises
+        :class:`ProtocolError`. ``whole_stream``: the update is the whole stream (PushUpdate); otherwise (a Session
+        stream) it ends with its announced bytes."""
+        asm: Reassembler | None = None
+        tensors: dict[str, torch.Tensor] | None = None
+        try:
             msg = _message(first)
             if msg.WhichOneof("kind") != "header":
                 raise ProtocolError("INVALID_ARGUMENT", "an update stream must start with its header")
             h = msg.header
             bounds.check_session(h.session_id)
-            identity = self.auth.identify(method_path("PushUpdate"), context, first.raw)
+            identity = self.auth.identify(method_path(method), context, first.raw)
             self._session_of(identity, h.session_id)
             # From here on the sender is known: a refusal is recorded against its update for the round.
             try:
@@ -206,13 +235,16 @@ class FederationServicer:
                 try:
                     asm = Reassembler(manifest, int(h.total_bytes), self.coord.config.server.max_update_bytes,
                                       one_buffer=True)
-                    while (item := await self._next(it, h.session_id)) is not None:
+                    while whole_stream or asm.received < asm.expected:
+                        item = await self._next(it, h.session_id)
+                        if item is None:
+                            break  # finish() says what is missing
                         if item.chunk is not None:  # the common case: the chunk's data read in place
                             offset, data = item.chunk
                         else:
                             part = _message(item)
                             if part.WhichOneof("kind") != "chunk":
-                                raise SerializationError("a second header inside one update stream")
+                                raise SerializationError("a message other than a chunk inside an update")
                             offset, data = int(part.chunk.offset), part.chunk.data
                         if not data:
                             raise SerializationError("an empty chunk (an upload must make progress)")
@@ -231,17 +263,55 @@ class FederationServicer:
                 assert tensors is not None  # reject_ticket raised otherwise
                 self.coord.uploads.submit(ticket, tensors)
                 asm = tensors = None
-        except ProtocolError as e:
+        except ProtocolError:
             # The refusal's traceback keeps this frame (and its locals) alive until the cyclic garbage collector
             # runs: drop the partial update's buffer first, so a stalled or refused upload frees it now.
             if asm is not None and asm.expected >= TRIM_AFTER_BYTES:
                 asm = tensors = None
                 return_freed_memory()
             asm = tensors = None
-            await self._refuse(context, "PushUpdate", e)
+            raise
         finally:
             asm = tensors = None
-        return pb.PushReply(accepted=True)
+
+    async def Session(self, request_iterator: AsyncIterator[Incoming],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TaskMessage | pb.SessionReply | bytes]:
+        """PullTask and PushUpdate on one stream (``rpc Session``): each exchange is a pull answered with the task
+        (or a wait), or an update answered with ``pushed``. Every message passes the checks its unary call's does
+        (the identity of the call, the session's owner, the bounds, the limits); a refusal ends the stream with its
+        status. Idle between exchanges for longer than a round (``round_timeout_s``, or the long-poll if longer,
+        plus ``stream_idle_timeout_s``) the stream is ended (the client opens a new one)."""
+        it = aiter(request_iterator)
+        cfg = self.coord.config
+        between = max(cfg.rounds.round_timeout_s, cfg.server.long_poll_s) + self.idle_s
+        while True:
+            res: Any = None
+            try:
+                if self.auth.signed:
+                    raise ProtocolError("FAILED_PRECONDITION", "this server requires signed requests, which the "
+                                                               "Session stream does not carry: use PullTask and "
+                                                               "PushUpdate (each call signed)")
+                item = await self._next(it, "", between)
+                if item is None:
+                    return
+                msg = _message(item)
+                kind = msg.WhichOneof("kind")
+                if kind == "pull":
+                    cid, res = await self._poll(msg.pull, item.raw, "Session", context)
+                elif kind == "header":
+                    await self._update(item, it, "Session", context, whole_stream=False)
+                else:
+                    raise ProtocolError("INVALID_ARGUMENT", "a Session exchange starts with a pull or an update "
+                                                            f"header, not {kind or 'an empty message'}")
+            except ProtocolError as e:
+                await self._refuse(context, "Session", e)
+            if res is None:
+                yield pb.SessionReply(pushed=pb.PushReply(accepted=True))
+                continue
+            for message in self._task_messages(res):
+                yield message  # TaskMessage's frames are SessionReply's (the same field numbers)
+            if isinstance(res, Task):
+                self.coord.timing.handed_out(cid, res.round)
 
     async def Heartbeat(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:
         try:
@@ -286,7 +356,7 @@ class FederationServicer:
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         ser = {name: getattr(pb, name).SerializeToString for name in (
             "JoinReply", "PushReply", "HeartbeatReply", "LeaveReply", "StatusReply")}
-        ser["TaskMessage"] = _serialize_task
+        ser["TaskMessage"] = _serialize_task  # and the Session stream's replies
         return {
             "Join": grpc.unary_unary_rpc_method_handler(self.Join, _decoder(pb.JoinRequest), ser["JoinReply"]),
             "PullTask": grpc.unary_stream_rpc_method_handler(self.PullTask, _decoder(pb.PullTaskRequest),
@@ -298,6 +368,8 @@ class FederationServicer:
             "Leave": grpc.unary_unary_rpc_method_handler(self.Leave, _decoder(pb.LeaveRequest), ser["LeaveReply"]),
             "GetStatus": grpc.unary_unary_rpc_method_handler(self.GetStatus, _decoder(pb.StatusRequest),
                                                              ser["StatusReply"]),
+            "Session": grpc.stream_stream_rpc_method_handler(self.Session, _decoder(pb.SessionRequest),
+                                                             ser["TaskMessage"]),
         }
 
 

@@ -201,6 +201,9 @@ def main() -> int:
     ap.add_argument("--long-poll", type=float, default=0.0, metavar="S",
                     help="--virtual: server.long_poll_s and the clients' long_poll_s (default: the defaults, 20 s); "
                          "an idle client re-polls once per S seconds")
+    ap.add_argument("--transport", choices=["session", "unary"], default="session",
+                    help="how clients pull and push: one Session stream each (the default) or the unary PullTask "
+                         "and PushUpdate calls (client session_stream = false)")
     args = ap.parse_args()
     n = args.clients or args.k
     root = Path(__file__).resolve().parent.parent
@@ -225,7 +228,8 @@ def main() -> int:
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
         if args.virtual:
             held = 1 if args.idle > 0 else 0
-            poll = {"long_poll_s": args.long_poll} if args.long_poll else {}
+            poll: dict[str, Any] = {"long_poll_s": args.long_poll} if args.long_poll else {}
+            poll["session_stream"] = args.transport == "session"
             per = -(-(n - held) // args.procs)
             from fedlaunch.hosts import HostSpec, worker_command
 
@@ -236,7 +240,8 @@ def main() -> int:
                                            Path(tmp) / "host-last.json"))
         else:
             cmds = [[py, "-m", "fedclient", "--server", address, "--client-id", f"bench-{i}", "--data-index",
-                     str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure"]
+                     str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure",
+                     "--set", f"session_stream={str(args.transport == 'session').lower()}"]
                     for i in range(n)]
         client_logs = [Path(tmp) / f"clients-{i}.log" for i in range(len(cmds))]
 

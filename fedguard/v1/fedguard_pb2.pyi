@@ -340,6 +340,28 @@ class PushReply(_message.Message):
     reason: str
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class SessionRequest(_message.Message):
+    __slots__ = ("header", "chunk", "pull")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
+    header: UpdateHeader
+    chunk: Chunk
+    pull: PullTaskRequest
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., pull: _Optional[_Union[PullTaskRequest, _Mapping]] = ...) -> None: ...
+
+class SessionReply(_message.Message):
+    __slots__ = ("wait", "header", "chunk", "pushed")
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_FIELD_NUMBER: _ClassVar[int]
+    wait: Wait
+    header: TaskHeader
+    chunk: Chunk
+    pushed: PushReply
+    def __init__(self, wait: _Optional[_Union[Wait, _Mapping]] = ..., header: _Optional[_Union[TaskHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., pushed: _Optional[_Union[PushReply, _Mapping]] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
     __slots__ = ("session_id",)
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

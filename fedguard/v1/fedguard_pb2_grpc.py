@@ -64,6 +64,11 @@ class FederationStub:
                 request_serializer=fedguard_dot_v1_dot_fedguard__pb2.StatusRequest.SerializeToString,
                 response_deserializer=fedguard_dot_v1_dot_fedguard__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/fedguard.v1.Federation/Session',
+                request_serializer=fedguard_dot_v1_dot_fedguard__pb2.SessionRequest.SerializeToString,
+                response_deserializer=fedguard_dot_v1_dot_fedguard__pb2.SessionReply.FromString,
+                _registered_method=True)
 
 
 class FederationServicer:
@@ -109,6 +114,16 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """PullTask and PushUpdate on one long-lived stream per device: the client sends a `pull` and reads the task
+        (as PullTask's stream: one Wait, or a TaskHeader and the model's chunks), or sends an update (a header, then
+        the chunks it announces) and reads one `pushed` reply; then the next exchange. A refusal ends the stream with
+        its status (the client opens a new one). Not with signed requests (each unary call carries its signature).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -141,6 +156,11 @@ def add_FederationServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=fedguard_dot_v1_dot_fedguard__pb2.StatusRequest.FromString,
                     response_serializer=fedguard_dot_v1_dot_fedguard__pb2.StatusReply.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=fedguard_dot_v1_dot_fedguard__pb2.SessionRequest.FromString,
+                    response_serializer=fedguard_dot_v1_dot_fedguard__pb2.SessionReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -305,6 +325,33 @@ class Federation:
             '/fedguard.v1.Federation/GetStatus',
             fedguard_dot_v1_dot_fedguard__pb2.StatusRequest.SerializeToString,
             fedguard_dot_v1_dot_fedguard__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fedguard.v1.Federation/Session',
+            fedguard_dot_v1_dot_fedguard__pb2.SessionRequest.SerializeToString,
+            fedguard_dot_v1_dot_fedguard__pb2.SessionReply.FromString,
             options,
             channel_credentials,
             insecure,
