@@ -10,6 +10,7 @@ round, :class:`fedclient.local_round.LocalRound` what a round computes, and the 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -289,8 +290,7 @@ class RoundRunner:
                 try:
                     with self.conn.exchange(stream, 120.0):
                         first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest)
-                        stream.send([first])
-                        stream.send(chunks)  # drained by gRPC while this thread waits for the reply
+                        stream.send(itertools.chain([first], chunks))  # drained by gRPC while this thread waits
                         answer = pb.SessionReply.FromString(stream.reply())
                         if answer.WhichOneof("kind") != "pushed":
                             raise StreamEnded("the server answered an update with something other than its reply")

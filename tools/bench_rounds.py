@@ -291,7 +291,8 @@ def main() -> int:
     rss = [r for _, r, _, _ in client_res]
     anon = [a for _, _, a, _ in client_res]
     layout = f"threads of {len(client_res)} process(es)" if args.virtual else "one process each"
-    print(f"K = {args.k} of N = {n} clients ({layout}), no-op trainer, {start['params']:,}-parameter MLP, "
+    via = "a Session stream each" if args.transport == "session" else "unary PullTask/PushUpdate calls"
+    print(f"K = {args.k} of N = {n} clients ({layout}; {via}), no-op trainer, {start['params']:,}-parameter MLP, "
           f"{args.rounds} timed rounds after 1 warm-up")
     print(f"median seconds per round (start -> aggregated): {statistics.median(per_round):.4f}  "
           f"(min {min(per_round):.4f}, max {max(per_round):.4f})")

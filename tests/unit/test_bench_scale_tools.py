@@ -50,7 +50,15 @@ def test_bench_rounds_idle_reports_joins_idle_cpu_and_memory() -> None:
     assert re.search(r"^3 clients joined in [\d.]+ s", out, re.M), out
     assert re.search(r"idle server with 3 clients connected .*: [\d.]+% of a core", out), out
     assert "client hosts' private memory" in out
-    assert "K = 2 of N = 4 clients (threads of 2 process(es))" in out  # the held-back client's own host
+    assert "K = 2 of N = 4 clients (threads of 2 process(es); a Session stream each)" in out  # + the held-back host
+
+
+@pytest.mark.system
+def test_bench_rounds_measures_the_unary_calls_on_request() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "-k", "2", "--rounds", "1",
+                           "--transport", "unary"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "K = 2 of N = 2 clients (one process each; unary PullTask/PushUpdate calls)" in proc.stdout, proc.stdout
 
 
 def _children(pid: int) -> list[int]:
