@@ -78,9 +78,12 @@ class Connection:
         self._inflight: Any = None
         self._alive_depth = 0
         # The Session stream (pulls and pushes as exchanges on one call), unless configured off, the requests are
-        # signed, or the server has none for this client.
+        # signed, or the server has none for this client. Opened once the client's first poll is answered (a task,
+        # or a wait at the end of its long-poll): a host of thousands of virtual clients does not open thousands of
+        # streams, each with a thread of gRPC's, while they join (+40 % join time on 2 cores, docs/benchmarks.md).
         self._stream: SessionStream | None = None
         self._stream_off = not config.session_stream
+        self._stream_wanted = False
 
     # ---- lifecycle ----
 
@@ -119,10 +122,14 @@ class Connection:
 
     # ---- the Session stream ----
 
+    def want_stream(self) -> None:
+        """The client's first poll was answered: exchange on the Session stream from now on (where it is used)."""
+        self._stream_wanted = True
+
     def stream(self) -> SessionStream | None:
         """The Session stream to exchange on (opened at first use and after an error), or None: the unary calls."""
         transport = self.require()
-        if self._stream_off or transport.signs:
+        if self._stream_off or not self._stream_wanted or transport.signs:
             return None
         if self._stream is None or self._stream.broken:
             self._stream = transport.open_session()

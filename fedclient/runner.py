@@ -202,7 +202,8 @@ class RoundRunner:
             task = self._read_task(lambda: next(it), pb.TaskMessage)
             for _ in it:  # PullTask ends with the task's last chunk
                 raise FedClientError("server sent a malformed model: more frames than the task announced")
-            return task
+        self.conn.want_stream()  # answered once: its update and later polls go on the Session stream
+        return task
 
     def _read_task(self, frame: Callable[[], bytes], message: type[pb.TaskMessage] | type[pb.SessionReply]) -> (
         pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]

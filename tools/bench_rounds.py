@@ -188,7 +188,11 @@ def print_arrivals(events: list[dict[str, Any]], rounds: list[int]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-k", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=20, help="timed rounds (one warm-up round is added)")
+    ap.add_argument("--rounds", type=int, default=20, help="timed rounds (after the --warmup rounds)")
+    ap.add_argument("--warmup", type=int, default=1, metavar="N",
+                    help="untimed rounds first (default 1); a fleet's steady state, where every client holds its "
+                         "Session stream, needs each client answered once (about N ln N / K rounds, or one "
+                         "long-poll)")
     ap.add_argument("--hidden", type=int, nargs="*", default=[64], help="MLP hidden widths")
     ap.add_argument("--virtual", action="store_true", help="clients as threads of one process")
     ap.add_argument("--clients", type=int, default=0, help="fleet size N (default K): N - K stay idle each round")
@@ -205,6 +209,8 @@ def main() -> int:
                     help="how clients pull and push: one Session stream each (the default) or the unary PullTask "
                          "and PushUpdate calls (client session_stream = false)")
     args = ap.parse_args()
+    if args.warmup < 1:
+        ap.error("--warmup must be >= 1 (the first round's start-up is not a round's cost)")
     n = args.clients or args.k
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
@@ -216,7 +222,7 @@ def main() -> int:
     with TemporaryDirectory() as tmp, _reaper() as started:
         run_dir = Path(tmp) / "run"
         address = f"127.0.0.1:{free_port()}"
-        total = args.rounds + 1
+        total = args.rounds + args.warmup
         profile = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
         server = subprocess.Popen(
             [py, *profile, "-m", "fedserver", "--address", address, "--rounds", str(total), "-k", str(args.k),
@@ -283,9 +289,10 @@ def main() -> int:
         return 1
     done = [e for e in events if e["event"] == "round.completed"]
     assert len(done) == total, len(done)
-    timed = done[1:]
+    timed = done[args.warmup:]
     per_round = [e["seconds"] for e in timed]
-    stamps = [datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp() for e in done]
+    stamps = [datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+              for e in done[args.warmup - 1:]]
     wall = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     start = next(e for e in events if e["event"] == "federation.started")
     rss = [r for _, r, _, _ in client_res]
@@ -293,7 +300,7 @@ def main() -> int:
     layout = f"threads of {len(client_res)} process(es)" if args.virtual else "one process each"
     via = "a Session stream each" if args.transport == "session" else "unary PullTask/PushUpdate calls"
     print(f"K = {args.k} of N = {n} clients ({layout}; {via}), no-op trainer, {start['params']:,}-parameter MLP, "
-          f"{args.rounds} timed rounds after 1 warm-up")
+          f"{args.rounds} timed rounds after {args.warmup} warm-up")
     print(f"median seconds per round (start -> aggregated): {statistics.median(per_round):.4f}  "
           f"(min {min(per_round):.4f}, max {max(per_round):.4f})")
     print(f"wall seconds per round (between completions):   {wall:.4f}")
@@ -307,8 +314,8 @@ def main() -> int:
           f"max {max(rss):.0f} MiB")
     print(f"peak private (RssAnon) server: {server_anon:.0f} MiB; client process: median "
           f"{statistics.median(anon):.0f} MiB, max {max(anon):.0f} MiB")
-    print_phases(rows[1:], args.k)
-    print_arrivals(events, [int(r["round"]) for r in rows[1:]])
+    print_phases(rows[args.warmup:], args.k)
+    print_arrivals(events, [int(r["round"]) for r in rows[args.warmup:]])
     if args.profile:
         import pstats
 
