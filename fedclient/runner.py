@@ -14,7 +14,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
 import torch
@@ -27,7 +27,7 @@ from fedclient.local_round import LocalRound, LocalRoundError
 from fedclient.mods import CallNext, ModContext, RoundReply, RoundTask, chain, client_mods
 from fedclient.setup import ClientSetup
 from fedclient.simulation import DeviceSimulation
-from fedclient.stream import StreamEnded
+from fedclient.stream import SessionStream, StreamEnded
 from fedclient.transport import update_frames
 from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, FederationInfo
@@ -187,15 +187,13 @@ class RoundRunner:
     def _pull(self) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
         req = pb.PullTaskRequest(session_id=self.conn.session, max_wait_s=self.config.long_poll_s)
         limit = self.config.long_poll_s + 30.0
-        stream = self.conn.stream()
-        if stream is not None:
-            try:
-                with self.conn.exchange(stream, limit):
-                    stream.send([pb.SessionRequest(pull=req).SerializeToString()])
-                    return self._read_task(stream.reply, pb.SessionReply)
-            except grpc.RpcError as e:
-                if not self.conn.stream_refused(e):
-                    raise
+        def on_stream(stream: SessionStream) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
+            stream.send([pb.SessionRequest(pull=req).SerializeToString()])
+            return self._read_task(stream.reply, pb.SessionReply)
+
+        streamed = self._on_stream(on_stream, limit)
+        if streamed is not None:
+            return streamed.value
         call = self.conn.require().pull(req, timeout=limit)
         with self.conn.inflight(call):
             it: Iterator[bytes] = iter(call)
@@ -204,6 +202,24 @@ class RoundRunner:
                 raise FedClientError("server sent a malformed model: more frames than the task announced")
         self.conn.want_stream()  # answered once: its update and later polls go on the Session stream
         return task
+
+    def _on_stream(self, exchange: Callable[[SessionStream], T], seconds: float) -> Streamed[T] | None:
+        """``exchange`` on the Session stream, or None when there is none (the unary call then). A stream the server
+        ended while it sat idle (longer than a round: the device trained long, slept, or was offline) is replaced at
+        once, not after a back-off: that is not a failure."""
+        for fresh in (False, True):
+            stream = self.conn.stream()
+            if stream is None:
+                return None
+            try:
+                with self.conn.exchange(stream, seconds):
+                    return Streamed(exchange(stream))
+            except grpc.RpcError as e:
+                if self.conn.stream_refused(e):
+                    return None
+                if fresh or not _ended_idle(e):
+                    raise
+        raise AssertionError("unreachable")
 
     def _read_task(self, frame: Callable[[], bytes], message: type[pb.TaskMessage] | type[pb.SessionReply]) -> (
         pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]
@@ -286,19 +302,17 @@ class RoundRunner:
             header = pb.UpdateHeader(
                 session_id=self.conn.session, round=round_, report=wire.update_report_to_pb(report), kind=pb.WEIGHTS,
                 tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
-            stream = self.conn.stream()
-            if stream is not None:
-                try:
-                    with self.conn.exchange(stream, 120.0):
-                        first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest)
-                        stream.send(itertools.chain([first], chunks))  # drained by gRPC while this thread waits
-                        answer = pb.SessionReply.FromString(stream.reply())
-                        if answer.WhichOneof("kind") != "pushed":
-                            raise StreamEnded("the server answered an update with something other than its reply")
-                        return answer.pushed
-                except grpc.RpcError as e:
-                    if not self.conn.stream_refused(e):
-                        raise
+            def on_stream(stream: SessionStream) -> pb.PushReply:
+                first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest)
+                stream.send(itertools.chain([first], chunks))  # drained by gRPC while this thread waits
+                answer = pb.SessionReply.FromString(stream.reply())
+                if answer.WhichOneof("kind") != "pushed":
+                    raise StreamEnded("the server answered an update with something other than its reply")
+                return answer.pushed
+
+            streamed = self._on_stream(on_stream, 120.0)
+            if streamed is not None:
+                return streamed.value
             reply: pb.PushReply = self.conn.tracked(self.conn.require().push(header, payload, chunk_bytes,
                                                                              timeout=120.0))
             return reply
@@ -317,6 +331,23 @@ class RoundRunner:
             self.log.warning("update.refused", client_id=self.client_id, round=round_, code=str(e.code()),
                              reason=e.details())
             return False
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Streamed(Generic[T]):
+    """What an exchange on the Session stream returned."""
+
+    value: T
+
+
+def _ended_idle(e: grpc.RpcError) -> bool:
+    """Whether the server ended the stream because it sat idle between exchanges (fedserver.servicer)."""
+    code = e.code() if hasattr(e, "code") else None
+    details = str(e.details() if hasattr(e, "details") else "") or ""
+    return code == grpc.StatusCode.DEADLINE_EXCEEDED and details.startswith("stream idle for")
 
 
 __all__ = ["MAX_RETRY_AFTER_S", "VERSION", "ClientSummary", "RoundRunner"]

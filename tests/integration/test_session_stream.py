@@ -230,3 +230,26 @@ class _Recorder:
             return method(event, *args, **kw)
 
         return record
+
+
+def test_a_stream_ended_while_the_device_worked_is_replaced_at_once(tmp_path: Path) -> None:
+    """A straggler trains for longer than the stream may sit idle (a round + stream_idle_timeout_s): the server ends
+    its stream meanwhile, and the client sends its update on a new one at once, not after a back-off counted as a
+    reconnect (its late update is then refused as late, like any straggler's)."""
+    from fedclient import ClientConfig, FedClient
+    from fedcore.simulation import SimulationConfig
+
+    cfg = server_config(tmp_path, server={"long_poll_s": 0.3, "stream_idle_timeout_s": 0.3},
+                        rounds={"num_rounds": 3, "clients_per_round": 2, "min_updates": 1, "round_timeout_s": 1.0,
+                                "min_available": 2})
+    with ServerThread(cfg, linger_s=4.0) as srv:  # the straggler's last update still gets its answer
+        fast = FedClient(ClientConfig(insecure=True, server=srv.address, client_id="fast", data_index=0,
+                                      long_poll_s=0.3)).start()
+        slow = FedClient(ClientConfig(insecure=True, server=srv.address, client_id="slow", data_index=1,
+                                      long_poll_s=0.3, simulation=SimulationConfig(straggler_delay_s=2.0))).start()
+        status = srv.wait(60)
+        assert status is not None and status.outcome == "completed", status
+        fast.join(30)
+        summary = slow.join(30)
+    assert summary.finished and summary.updates_rejected >= 1, summary  # late, refused as late
+    assert summary.reconnects == 0, summary  # the idle-ended stream was replaced without a retry
