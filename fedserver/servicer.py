@@ -280,10 +280,13 @@ class FederationServicer:
         (or a wait), or an update answered with ``pushed``. Every message passes the checks its unary call's does
         (the identity of the call, the session's owner, the bounds, the limits); a refusal ends the stream with its
         status. Idle between exchanges for longer than a round (``round_timeout_s``, or the long-poll if longer,
-        plus ``stream_idle_timeout_s``) the stream is ended (the client opens a new one)."""
+        plus ``stream_idle_timeout_s``) the stream is ended (the client opens a new one); its first message must come
+        within ``stream_idle_timeout_s``, as a PushUpdate's (a stream that never says who it is holds nothing long).
+        """
         it = aiter(request_iterator)
         cfg = self.coord.config
         between = max(cfg.rounds.round_timeout_s, cfg.server.long_poll_s) + self.idle_s
+        idle = self.idle_s
         while True:
             res: Any = None
             try:
@@ -291,9 +294,10 @@ class FederationServicer:
                     raise ProtocolError("FAILED_PRECONDITION", "this server requires signed requests, which the "
                                                                "Session stream does not carry: use PullTask and "
                                                                "PushUpdate (each call signed)")
-                item = await self._next(it, "", between)
+                item = await self._next(it, "", idle)
                 if item is None:
                     return
+                idle = between
                 msg = _message(item)
                 kind = msg.WhichOneof("kind")
                 if kind == "pull":

@@ -253,3 +253,19 @@ def test_a_stream_ended_while_the_device_worked_is_replaced_at_once(tmp_path: Pa
         summary = slow.join(30)
     assert summary.finished and summary.updates_rejected >= 1, summary  # late, refused as late
     assert summary.reconnects == 0, summary  # the idle-ended stream was replaced without a retry
+
+
+def test_a_stream_that_never_speaks_is_ended_within_the_stream_idle_timeout(tmp_path: Path) -> None:
+    """Before its first message a stream gets stream_idle_timeout_s, not a round's length: a peer that opens streams
+    and says nothing holds none of them long."""
+    cfg = server_config(tmp_path, server={"token": TOKEN, "stream_idle_timeout_s": 0.3},
+                        rounds={"num_rounds": 1, "clients_per_round": 2, "round_timeout_s": 60.0})
+    with ServerThread(cfg, linger_s=0.1) as srv:
+        ch, s = stub(srv.address)
+        ex = Exchange(s)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            next(ex.replies)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.value.details()
+        assert time.monotonic() - started < 10  # 0.3 s, not the 60 s round
+        ch.close()
