@@ -288,7 +288,8 @@ class FederationServicer:
         between = max(cfg.rounds.round_timeout_s, cfg.server.long_poll_s) + self.idle_s
         idle = self.idle_s
         while True:
-            res: Any = None
+            res: Any = None  # a pull's answer
+            pushed = False  # or an update taken
             try:
                 if self.auth.signed:
                     raise ProtocolError("FAILED_PRECONDITION", "this server requires signed requests, which the "
@@ -304,12 +305,13 @@ class FederationServicer:
                     cid, res = await self._poll(msg.pull, item.raw, "Session", context)
                 elif kind == "header":
                     await self._update(item, it, "Session", context, whole_stream=False)
+                    pushed = True
                 else:
                     raise ProtocolError("INVALID_ARGUMENT", "a Session exchange starts with a pull or an update "
                                                             f"header, not {kind or 'an empty message'}")
             except ProtocolError as e:
                 await self._refuse(context, "Session", e)
-            if res is None:
+            if pushed:
                 yield pb.SessionReply(pushed=pb.PushReply(accepted=True))
                 continue
             for message in self._task_messages(res):
