@@ -288,6 +288,13 @@ def test_token_file_keeps_the_secret_out_of_argv_logs_and_run_dir(tmp_path: Path
                                f"127.0.0.1:{port}", "--log-json", "--insecure", "--token-file", str(token),
                                "--rounds", "2", "-k", "2", "--model", "mlp", "--dataset", "synthetic", "--linger",
                                "1"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    # A client with the wrong token is refused, says so in one line, exit 4 -- probed before the good clients start,
+    # so the federation (two fast rounds) cannot finish and its server leave before the probe is answered.
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("not-the-token\n")
+    rc, err, s = _client(f"127.0.0.1:{port}", "--insecure", "--token-file", str(wrong))
+    _assert_refused("bad token (--token-file with another token)", rc, err, s, "bad token")
     clients = [subprocess.Popen([sys.executable, "-m", "fedclient", "--server", f"127.0.0.1:{port}", "--insecure",
                                  "--client-id", f"c{i}", "--data-index", str(i), "--token-file", str(token),
                                  "--state-dir", str(tmp_path / f"c{i}"), "--trainer", "noop", "--torch-threads",
@@ -295,12 +302,6 @@ def test_token_file_keeps_the_secret_out_of_argv_logs_and_run_dir(tmp_path: Path
                                 cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for i in range(2)]
     argv = [Path(f"/proc/{p.pid}/cmdline").read_bytes() for p in (server, *clients)]
-    t0 = time.monotonic()
-    # A client with the wrong token is refused, says so in one line, exit 4.
-    wrong = tmp_path / "wrong.token"
-    wrong.write_text("not-the-token\n")
-    rc, err, s = _client(f"127.0.0.1:{port}", "--insecure", "--token-file", str(wrong))
-    _assert_refused("bad token (--token-file with another token)", rc, err, s, "bad token")
     outs = [p.communicate(timeout=120) for p in (server, *clients)]
     assert [p.returncode for p in (server, *clients)] == [0, 0, 0], outs[0][1][-3000:]
     _record("token file on server and clients (federation completed)", 0, time.monotonic() - t0,
