@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 import torch
 from google.protobuf.message import DecodeError
+from torch import nn
 
 from fedclient.connection import Connection
 from fedclient.embed import EmbeddingApi
@@ -32,7 +33,7 @@ from fedclient.transport import update_frames
 from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.models import model_fingerprint, model_manifest
-from fedcore.serialization import DEFAULT_CHUNK_BYTES, Reassembler, SerializationError, payload_of
+from fedcore.serialization import DEFAULT_CHUNK_BYTES, Reassembler, SerializationError, TensorMeta, payload_of
 from fedcore.update_report import UpdateReport
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
@@ -71,6 +72,7 @@ class RoundRunner:
         self.fed: FederationInfo | None = None
         self._round: CallNext | None = None  # the mods around the local round, built at the first join
         self._ineligible_since: float | None = None
+        self._manifest: tuple[nn.Module, list[TensorMeta]] | None = None  # the model's, worked out once
 
     # ---- join ----
 
@@ -185,7 +187,7 @@ class RoundRunner:
         return False
 
     def _pull(self) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
-        req = pb.PullTaskRequest(session_id=self.conn.session, max_wait_s=self.config.long_poll_s)
+        req = pb.PullTaskRequest(session_id=self.conn.session, max_wait_s=self.config.long_poll_s, inline_ok=True)
         limit = self.config.long_poll_s + 30.0
         def on_stream(stream: SessionStream) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
             stream.send([pb.SessionRequest(pull=req).SerializeToString()])
@@ -236,10 +238,14 @@ class RoundRunner:
                     raise SerializationError(f"a pull answered with {kind or 'an empty message'}")
                 header = first.header
                 manifest = wire.metas_from_pb(header.tensors)
-                assert self.setup.model is not None
-                if manifest != model_manifest(self.setup.model):
+                if manifest != self._model_manifest():
                     raise SerializationError("the task's tensors are not this client's model")
-                asm = Reassembler(manifest, int(header.total_bytes))
+                asm = Reassembler(manifest, int(header.total_bytes), one_buffer=True)
+                if header.data:  # the whole model inside the header: no chunks follow
+                    if len(header.data) != asm.expected:
+                        raise SerializationError(f"the header's data holds {len(header.data)} bytes, its "
+                                                 f"total_bytes says {asm.expected}")
+                    asm.feed(0, memoryview(header.data))
                 while asm.received < asm.expected:
                     raw = frame()
                     chunk = wire.read_chunk(raw, message)
@@ -254,6 +260,13 @@ class RoundRunner:
                 raise SerializationError("the task ended before its model did") from None
         except (SerializationError, DecodeError) as e:
             raise FedClientError(f"server sent a malformed model: {e}") from None
+
+    def _model_manifest(self) -> list[TensorMeta]:
+        model = self.setup.model
+        assert model is not None
+        if self._manifest is None or self._manifest[0] is not model:
+            self._manifest = model, model_manifest(model)
+        return self._manifest[1]
 
     # ---- one task ----
 
@@ -274,7 +287,8 @@ class RoundRunner:
         self.summary.rounds_trained += 1
         self.summary.last_round = round_
         self.summary.history.append(ClientRoundReport(round_, sent, out.beta_hat_measured).history_row())
-        accepted = self._push(round_, sent)
+        # A server that sent the model inside its header reads an update sent the same way.
+        accepted = self._push(round_, sent, inline=bool(header.data))
         self.api._reported(ClientRoundReport(round_, sent, out.beta_hat_measured, accepted))
 
     def _train(self, task: RoundTask, ctx: ModContext) -> RoundReply:
@@ -293,7 +307,7 @@ class RoundRunner:
             self.api._trained(out.beta_hat_measured)
         return RoundReply(out)
 
-    def _push(self, round_: int, report: UpdateReport) -> bool:
+    def _push(self, round_: int, report: UpdateReport, inline: bool = False) -> bool:
         assert self.setup.model is not None
         manifest, payload = payload_of(self.setup.model.state_dict())  # views of the weights, no copy
         chunk_bytes = (self.fed.chunk_bytes if self.fed is not None else 0) or DEFAULT_CHUNK_BYTES
@@ -303,7 +317,7 @@ class RoundRunner:
                 session_id=self.conn.session, round=round_, report=wire.update_report_to_pb(report), kind=pb.WEIGHTS,
                 tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
             def on_stream(stream: SessionStream) -> pb.PushReply:
-                first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest)
+                first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest, inline)
                 stream.send(itertools.chain([first], chunks))  # drained by gRPC while this thread waits
                 answer = pb.SessionReply.FromString(stream.reply())
                 if answer.WhichOneof("kind") != "pushed":
@@ -314,7 +328,7 @@ class RoundRunner:
             if streamed is not None:
                 return streamed.value
             reply: pb.PushReply = self.conn.tracked(self.conn.require().push(header, payload, chunk_bytes,
-                                                                             timeout=120.0))
+                                                                             timeout=120.0, inline=inline))
             return reply
 
         try:

@@ -228,10 +228,16 @@ class ChannelPool:
 
 
 def update_frames(header: pb.UpdateHeader, payload: Payload | bytes | bytearray | memoryview, chunk_bytes: int,
-                  message: type[pb.UpdateMessage] | type[pb.SessionRequest]) -> tuple[bytes, Iterator[bytes]]:
+                  message: type[pb.UpdateMessage] | type[pb.SessionRequest], inline: bool = False) -> tuple[
+    bytes, Iterator[bytes]
+]:
     """An update as ``message`` frames: the header (given the payload's SHA-256) and the chunks, sent from the
-    payload's own storage (each byte copied once, into its frame)."""
+    payload's own storage (each byte copied once, into its frame). ``inline`` (the server reads
+    ``UpdateHeader.data``): an update that fits one chunk rides in its header, and no chunks follow."""
     header.payload_sha256 = payload.sha256() if isinstance(payload, Payload) else hashlib.sha256(payload).digest()
+    if inline and wire.fits_inline(header.ByteSize(), len(payload), chunk_bytes):
+        header.data = payload.tobytes() if isinstance(payload, Payload) else bytes(payload)
+        return message(header=header).SerializeToString(), iter(())
     return message(header=header).SerializeToString(), wire.chunk_frame_bytes(payload, message, chunk_bytes)
 
 
@@ -289,10 +295,10 @@ class Transport:
         return self._pull(body, timeout=timeout, metadata=self._metadata("PullTask", body))
 
     def push(self, header: pb.UpdateHeader, payload: Payload | bytes | bytearray | memoryview, chunk_bytes: int,
-             timeout: float) -> Any:
+             timeout: float, inline: bool = False) -> Any:
         """Start a PushUpdate: the header (with the payload's SHA-256) then the chunks; a future of the reply. A
         :class:`Payload` is sent from the tensors' own storage (each byte copied once, into its frame)."""
-        first, chunks = update_frames(header, payload, chunk_bytes, pb.UpdateMessage)
+        first, chunks = update_frames(header, payload, chunk_bytes, pb.UpdateMessage, inline)
 
         def frames() -> Iterator[bytes]:
             yield first

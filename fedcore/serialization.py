@@ -14,6 +14,7 @@ every byte count; the tensors it returns are those buffers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -201,25 +202,60 @@ def check_manifest(manifest: Sequence[TensorMeta]) -> None:
             raise SerializationError(f"tensor {m.name!r}: negative dimension in shape {list(m.shape)}")
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """What a manifest means to a receiver, worked out once per manifest (:func:`_layout`): its byte count,
+    whether every tensor's payload offset is a multiple of its item size (views of one buffer are then possible),
+    and (name, torch dtype, shape, offset, nbytes) per tensor in payload order."""
+
+    expected: int
+    aligned: bool
+    entries: tuple[tuple[str, torch.dtype, tuple[int, ...], int, int], ...]
+    ends: tuple[int, ...]  # the end offset of every non-empty tensor, in payload order
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(manifest: tuple[TensorMeta, ...]) -> _Layout:
+    """The checked layout of ``manifest`` (raises :class:`SerializationError`; a failure is not cached). A server
+    receives one manifest (its model's) over and over: the per-update cost is a dictionary lookup."""
+    check_manifest(manifest)
+    entries = []
+    ends = []
+    offset = 0
+    aligned = True
+    for m in manifest:
+        n = m.nbytes
+        aligned = aligned and offset % m.itemsize == 0
+        entries.append((m.name, DTYPES[m.dtype], m.shape, offset, n))
+        offset += n
+        if n:
+            ends.append(offset)
+    return _Layout(offset, aligned, tuple(entries), tuple(ends))
+
+
 class Reassembler:
     """Receives the chunks of a manifest's payload straight into its tensors and checks every byte count.
 
-    One ``torch.empty`` per tensor is allocated from the manifest; :meth:`feed` copies a chunk's bytes once into
-    the tensor slices it covers. ``max_bytes`` bounds what a remote party can make us allocate; it is checked
-    against the manifest before any memory is reserved.
+    Uninitialised tensors are allocated from the manifest; :meth:`feed` copies a chunk's bytes once into the
+    tensor slices it covers. ``max_bytes`` bounds what a remote party can make us allocate; it is checked against
+    the manifest before any memory is reserved.
 
     ``one_buffer``: the tensors are views of one ``[expected]`` byte buffer at their payload offsets (when every
-    offset is a multiple of its tensor's item size; otherwise one allocation per tensor, as without it). A model
-    whose tensors are all float32 then arrives as one contiguous float32 vector: the server computes the update
-    in that buffer (:meth:`fedserver.global_models.GlobalModels.flatten_update` with ``consume``) instead of
-    allocating a second ``[P]`` copy.
+    offset is a multiple of its tensor's item size; otherwise one allocation per tensor, as without it), and a
+    chunk is one copy whatever the tensors it spans. A model whose tensors are all float32 then arrives as one
+    contiguous float32 vector: the server computes the update in that buffer
+    (:meth:`fedserver.global_models.GlobalModels.flatten_update` with ``consume``) instead of allocating a second
+    ``[P]`` copy.
     """
 
     def __init__(self, manifest: Sequence[TensorMeta], announced_bytes: int | None = None,
                  max_bytes: int | None = None, one_buffer: bool = False) -> None:
-        check_manifest(manifest)
+        try:
+            layout = _layout(tuple(manifest))
+        except TypeError:  # an unhashable manifest (a shape given as a list): worked out uncached
+            layout = _layout.__wrapped__(tuple(manifest))
         self.manifest = list(manifest)
-        self.expected = total_bytes(self.manifest)
+        self.expected = layout.expected
         if announced_bytes is not None and announced_bytes != self.expected:
             raise SerializationError(
                 f"announced {announced_bytes} bytes but the manifest describes {self.expected}"
@@ -227,18 +263,25 @@ class Reassembler:
         if max_bytes is not None and self.expected > max_bytes:
             raise SerializationError(f"payload of {self.expected} bytes exceeds the limit of {max_bytes}")
         # Uninitialised: every byte is written by feed() before finish() accepts the tensors.
-        shared = _one_buffer(self.manifest, self.expected) if one_buffer else None
-        self._tensors: dict[str, torch.Tensor] = shared if shared is not None else {
-            m.name: torch.empty(m.shape, dtype=DTYPES[m.dtype]) for m in self.manifest}
-        # (end offset in the payload, flat byte view) of every non-empty tensor, in payload order.
-        self._ends: list[int] = []
+        self._tensors: dict[str, torch.Tensor] = {}
+        # (end offset in the payload, flat byte view) of every non-empty segment, in payload order: one segment
+        # (the whole buffer) with one_buffer, else one per tensor.
         self._views: list[np.ndarray] = []
-        end = 0
-        for m in self.manifest:
-            if m.nbytes:
-                end += m.nbytes
-                self._ends.append(end)
-                self._views.append(self._tensors[m.name].reshape(-1).view(torch.uint8).numpy())
+        if one_buffer and layout.aligned:
+            buffer = torch.empty(self.expected, dtype=torch.uint8)
+            for name, dt, shape, offset, n in layout.entries:
+                self._tensors[name] = (buffer[offset : offset + n].view(dt).reshape(shape) if n
+                                       else torch.empty(shape, dtype=dt))
+            self._ends: tuple[int, ...] = (self.expected,) if self.expected else ()
+            if self.expected:
+                self._views.append(buffer.numpy())
+        else:
+            for name, dt, shape, _, n in layout.entries:
+                t = torch.empty(shape, dtype=dt)
+                self._tensors[name] = t
+                if n:
+                    self._views.append(t.reshape(-1).view(torch.uint8).numpy())
+            self._ends = layout.ends
         self._seg = 0  # the segment that holds byte ``received``
         self.received = 0
 
@@ -276,27 +319,6 @@ class Reassembler:
                     raw.copy_(raw.reshape(-1, m.itemsize).flip(1).reshape(-1))
         out, self._tensors, self._views = self._tensors, {}, []
         return out
-
-
-def _one_buffer(manifest: Sequence[TensorMeta], nbytes: int) -> dict[str, torch.Tensor] | None:
-    """Uninitialised tensors viewing one ``[nbytes]`` byte buffer at their payload offsets, or None when a
-    tensor's offset is not a multiple of its item size (a view of another dtype must be aligned)."""
-    offset = 0
-    for m in manifest:
-        if offset % m.itemsize:
-            return None
-        offset += m.nbytes
-    buffer = torch.empty(nbytes, dtype=torch.uint8)
-    out: dict[str, torch.Tensor] = {}
-    offset = 0
-    for m in manifest:
-        dt = DTYPES[m.dtype]
-        if m.nbytes:
-            out[m.name] = buffer[offset : offset + m.nbytes].view(dt).reshape(m.shape)
-        else:
-            out[m.name] = torch.empty(m.shape, dtype=dt)
-        offset += m.nbytes
-    return out
 
 
 def unpack(manifest: Sequence[TensorMeta], payload: bytearray | np.ndarray) -> dict[str, torch.Tensor]:

@@ -51,8 +51,21 @@ def meta_from_pb(p: pb.TensorMeta) -> TensorMeta:
     return m
 
 
+# Checked manifests by their wire bytes: a server reads its model's manifest in every update, a client in every
+# task. Bounded; a failure is never stored (it raises before).
+_MANIFESTS: dict[tuple[bytes, ...], tuple[TensorMeta, ...]] = {}
+_MANIFESTS_MAX = 256
+
+
 def metas_from_pb(ps: Sequence[pb.TensorMeta]) -> list[TensorMeta]:
-    return [meta_from_pb(p) for p in ps]
+    key = tuple([p.SerializeToString() for p in ps])  # a tuple: concatenated messages would merge
+    got = _MANIFESTS.get(key)
+    if got is None:
+        got = tuple(meta_from_pb(p) for p in ps)
+        if len(_MANIFESTS) >= _MANIFESTS_MAX:
+            _MANIFESTS.clear()
+        _MANIFESTS[key] = got
+    return list(got)
 
 
 M = TypeVar("M", pb.TaskMessage, pb.UpdateMessage)
@@ -107,6 +120,13 @@ def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int] | None:
         if not b & 0x80:
             return (value, pos + i + 1) if value < 1 << 64 else None
     return None
+
+
+def fits_inline(header_bytes: int, total_bytes: int, chunk_bytes: int) -> bool:
+    """Whether a payload of ``total_bytes`` rides inside its header (``TaskHeader.data``/``UpdateHeader.data``,
+    one message instead of a header and chunks): the header, the data and their framing (16 bytes covers the field
+    tags and length varints) fit in one chunk, so the message stays within what a chunk may be."""
+    return total_bytes > 0 and header_bytes + total_bytes + 16 <= chunk_bytes
 
 
 def chunk_frame_bytes(payload: Payload | bytes | bytearray | memoryview, message: type[Chunked],

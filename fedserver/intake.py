@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fedcore import rounds as rm
@@ -140,7 +141,7 @@ class UpdateIntake:
             self.reject_ticket(ticket, "FAILED_PRECONDITION", reason)
         # The upload is the intake's (the servicer drops it): u_i is computed in its buffer where it can be.
         flat = self.models.flatten_update(tensors, ticket.is_delta, ticket.model_id, consume=True)
-        if not bool(torch.isfinite(flat).all()):
+        if not bool(np.isfinite(flat.numpy()).all()):  # numpy's: a fifth of torch's call cost on a small model
             bad = next(k for k in self.models.float_names if not bool(torch.isfinite(tensors[k]).all()))
             self.reject_ticket(ticket, "INVALID_ARGUMENT", f"tensor {bad!r} has non-finite values")
         assert self.aggregator is not None and self.round_log is not None

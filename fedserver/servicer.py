@@ -150,27 +150,34 @@ class FederationServicer:
             res = await self.coord.polls.pull(request.session_id, request.max_wait_s, request.declined)
         return cid, res
 
-    def _task_messages(self, res: Any) -> Iterator[pb.TaskMessage | bytes]:
-        """A pull's answer as PullTask streams it: one Wait, or the task's header and the model's chunks."""
+    def _task_messages(self, res: Any, inline_ok: bool) -> Iterator[pb.TaskMessage | bytes]:
+        """A pull's answer as PullTask streams it: one Wait, or the task's header and the model's chunks; for a
+        pull that said ``inline_ok``, a model that fits one chunk rides in its header (one message)."""
         if not isinstance(res, Task):
             yield pb.TaskMessage(wait=pb.Wait(retry_after_s=res.retry_after_s, finished=res.finished,
                                               reason=res.reason))
             return
         total = len(res.payload)
-        yield pb.TaskMessage(header=pb.TaskHeader(round=res.round, deadline_s=res.deadline_s,
-                                                  tensors=wire.metas_to_pb(res.manifest), total_bytes=total,
-                                                  recovery=res.recovery, learning_rate=res.learning_rate))
+        chunk_bytes = self.coord.config.server.chunk_bytes
+        header = pb.TaskHeader(round=res.round, deadline_s=res.deadline_s, tensors=wire.metas_to_pb(res.manifest),
+                               total_bytes=total, recovery=res.recovery, learning_rate=res.learning_rate)
+        if inline_ok and wire.fits_inline(header.ByteSize(), total, chunk_bytes):
+            header.data = bytes(res.payload)
+            yield pb.TaskMessage(header=header)
+            return
+        yield pb.TaskMessage(header=header)
         # The chunks as serialized frames, each byte copied once from the cached payload into its frame.
-        yield from wire.chunk_frame_bytes(res.payload, pb.TaskMessage, self.coord.config.server.chunk_bytes)
+        yield from wire.chunk_frame_bytes(res.payload, pb.TaskMessage, chunk_bytes)
 
     async def PullTask(self, item: Incoming, context: grpc.aio.ServicerContext) -> AsyncIterator[
         pb.TaskMessage | bytes
     ]:
         try:
-            cid, res = await self._poll(_message(item), item.raw, "PullTask", context)
+            request = _message(item)
+            cid, res = await self._poll(request, item.raw, "PullTask", context)
         except ProtocolError as e:
             await self._refuse(context, "PullTask", e)
-        for message in self._task_messages(res):
+        for message in self._task_messages(res, request.inline_ok):
             yield message
         if isinstance(res, Task):
             self.coord.timing.handed_out(cid, res.round)  # the hand-out ends once the model is written out
@@ -235,6 +242,13 @@ class FederationServicer:
                 try:
                     asm = Reassembler(manifest, int(h.total_bytes), self.coord.config.server.max_update_bytes,
                                       one_buffer=True)
+                    if h.data:  # the whole update inside its header: no chunks follow
+                        if len(h.data) != asm.expected:
+                            raise SerializationError(f"the header's data holds {len(h.data)} bytes, its "
+                                                     f"total_bytes says {asm.expected}")
+                        asm.feed(0, memoryview(h.data))
+                        if digest is not None:
+                            digest.update(h.data)
                     while whole_stream or asm.received < asm.expected:
                         item = await self._next(it, h.session_id)
                         if item is None:
@@ -289,6 +303,7 @@ class FederationServicer:
         idle = self.idle_s
         while True:
             res: Any = None  # a pull's answer
+            inline_ok = False
             pushed = False  # or an update taken
             try:
                 if self.auth.signed:
@@ -303,6 +318,7 @@ class FederationServicer:
                 kind = msg.WhichOneof("kind")
                 if kind == "pull":
                     cid, res = await self._poll(msg.pull, item.raw, "Session", context)
+                    inline_ok = msg.pull.inline_ok
                 elif kind == "header":
                     await self._update(item, it, "Session", context, whole_stream=False)
                     pushed = True
@@ -314,7 +330,7 @@ class FederationServicer:
             if pushed:
                 yield pb.SessionReply(pushed=pb.PushReply(accepted=True))
                 continue
-            for message in self._task_messages(res):
+            for message in self._task_messages(res, inline_ok):
                 yield message  # TaskMessage's frames are SessionReply's (the same field numbers)
             if isinstance(res, Task):
                 self.coord.timing.handed_out(cid, res.round)

@@ -213,14 +213,16 @@ class JoinReply(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., config: _Optional[_Union[FederationConfig, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., client_index: _Optional[int] = ...) -> None: ...
 
 class PullTaskRequest(_message.Message):
-    __slots__ = ("session_id", "max_wait_s", "declined")
+    __slots__ = ("session_id", "max_wait_s", "declined", "inline_ok")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     DECLINED_FIELD_NUMBER: _ClassVar[int]
+    INLINE_OK_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     max_wait_s: float
     declined: bool
-    def __init__(self, session_id: _Optional[str] = ..., max_wait_s: _Optional[float] = ..., declined: _Optional[bool] = ...) -> None: ...
+    inline_ok: bool
+    def __init__(self, session_id: _Optional[str] = ..., max_wait_s: _Optional[float] = ..., declined: _Optional[bool] = ..., inline_ok: _Optional[bool] = ...) -> None: ...
 
 class Wait(_message.Message):
     __slots__ = ("retry_after_s", "finished", "reason")
@@ -233,20 +235,22 @@ class Wait(_message.Message):
     def __init__(self, retry_after_s: _Optional[float] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("round", "deadline_s", "tensors", "total_bytes", "recovery", "learning_rate")
+    __slots__ = ("round", "deadline_s", "tensors", "total_bytes", "recovery", "learning_rate", "data")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     round: int
     deadline_s: float
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     total_bytes: int
     recovery: bool
     learning_rate: float
-    def __init__(self, round: _Optional[int] = ..., deadline_s: _Optional[float] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., recovery: _Optional[bool] = ..., learning_rate: _Optional[float] = ...) -> None: ...
+    data: bytes
+    def __init__(self, round: _Optional[int] = ..., deadline_s: _Optional[float] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., recovery: _Optional[bool] = ..., learning_rate: _Optional[float] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TaskMessage(_message.Message):
     __slots__ = ("wait", "header", "chunk")
@@ -292,7 +296,7 @@ class UpdateReport(_message.Message):
     def __init__(self, num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., beta_hat: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., test_loss: _Optional[float] = ..., private_accuracy: _Optional[float] = ..., adapting: _Optional[bool] = ..., infers_adapted: _Optional[bool] = ..., train_seconds: _Optional[float] = ..., passes: _Optional[float] = ..., extras: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("session_id", "round", "num_samples", "beta_hat", "train_loss", "metrics", "kind", "tensors", "total_bytes", "payload_sha256", "report")
+    __slots__ = ("session_id", "round", "num_samples", "beta_hat", "train_loss", "metrics", "kind", "tensors", "total_bytes", "payload_sha256", "report", "data")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -311,6 +315,7 @@ class UpdateHeader(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_SHA256_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     round: int
     num_samples: int
@@ -322,7 +327,8 @@ class UpdateHeader(_message.Message):
     total_bytes: int
     payload_sha256: bytes
     report: UpdateReport
-    def __init__(self, session_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[int] = ..., beta_hat: _Optional[float] = ..., train_loss: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., kind: _Optional[_Union[UpdateKind, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., report: _Optional[_Union[UpdateReport, _Mapping]] = ...) -> None: ...
+    data: bytes
+    def __init__(self, session_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[int] = ..., beta_hat: _Optional[float] = ..., train_loss: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., kind: _Optional[_Union[UpdateKind, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., report: _Optional[_Union[UpdateReport, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class UpdateMessage(_message.Message):
     __slots__ = ("header", "chunk")

@@ -1,0 +1,145 @@
+"""A model or an update that fits one chunk rides inside its header (issue 30): ``TaskHeader.data`` for a pull that
+says ``inline_ok``, ``UpdateHeader.data`` for an update. One message instead of a header and chunks each way; the
+bytes are the same, the checks are the same, and a payload too big for one chunk still goes in chunks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+
+from fedcore.serialization import Reassembler, pack
+from fedguard import wire
+from fedguard.v1 import fedguard_pb2 as pb
+from fedserver import ServerThread
+from tests.integration.helpers import OPERATOR_MD, mark_ready, server_config, stub, update_messages
+
+TOKEN = "s3cret"
+
+
+def _serve(tmp_path: Path, chunk_bytes: int) -> ServerThread:
+    cfg = server_config(tmp_path, server={"token": TOKEN, "chunk_bytes": chunk_bytes},
+                        rounds={"num_rounds": 1, "clients_per_round": 2, "min_updates": 2, "round_timeout_s": 30.0})
+    return ServerThread(cfg, linger_s=0.5).start()
+
+
+@pytest.fixture
+def small_chunks(tmp_path: Path) -> Iterator[tuple[ServerThread, Any]]:
+    srv = _serve(tmp_path, 4096)  # smaller than the test model (~18 kB): a task never fits one chunk
+    ch, s = stub(srv.address)
+    yield srv, s
+    ch.close()
+    srv.stop()
+
+
+@pytest.fixture
+def big_chunks(tmp_path: Path) -> Iterator[tuple[ServerThread, Any]]:
+    srv = _serve(tmp_path, 1 << 20)
+    ch, s = stub(srv.address)
+    yield srv, s
+    ch.close()
+    srv.stop()
+
+
+def _join(s: Any, name: str) -> str:
+    return str(s.Join(pb.JoinRequest(client_id=name, token=TOKEN), timeout=5).session_id)
+
+
+def _pull(s: Any, session: str, inline_ok: bool) -> list[pb.TaskMessage]:
+    return list(s.PullTask(pb.PullTaskRequest(session_id=session, max_wait_s=10.0, inline_ok=inline_ok),
+                           timeout=20))
+
+
+def _model(messages: list[pb.TaskMessage]) -> bytes:
+    h = messages[0].header
+    return h.data if h.data else b"".join(m.chunk.data for m in messages[1:])
+
+
+def _inline_update(session: str, round_: int, state: dict[str, torch.Tensor], data: bytes | None = None,
+                   then: list[pb.UpdateMessage] | None = None) -> Iterator[pb.UpdateMessage]:
+    manifest, payload = pack(state)
+    yield pb.UpdateMessage(header=pb.UpdateHeader(
+        session_id=session, round=round_, num_samples=10, train_loss=0.5, kind=pb.WEIGHTS,
+        tensors=wire.metas_to_pb(manifest), total_bytes=len(payload),
+        data=bytes(payload) if data is None else data))
+    yield from then or []
+
+
+def _state(messages: list[pb.TaskMessage]) -> dict[str, torch.Tensor]:
+    h = messages[0].header
+    asm = Reassembler(wire.metas_from_pb(h.tensors), h.total_bytes)
+    asm.feed(0, _model(messages))
+    return asm.finish()
+
+
+def test_a_small_model_and_its_update_ride_in_their_headers(big_chunks) -> None:  # type: ignore[no-untyped-def]
+    """The same round's model: one message to the pull that said inline_ok, header and chunks to the one that did
+    not, the same bytes; an update inside its header is accepted like one in chunks, and the round aggregates."""
+    _, s = big_chunks
+    a, b = _join(s, "a"), _join(s, "b")
+    mark_ready(s, [a, b])
+    inline, chunked = _pull(s, a, inline_ok=True), _pull(s, b, inline_ok=False)
+    assert len(inline) == 1 and inline[0].header.data  # the task is one message
+    assert len(chunked) >= 2 and not chunked[0].header.data
+    assert _model(inline) == _model(chunked)
+    assert len(inline[0].header.data) == inline[0].header.total_bytes
+    state = {k: v + 0.01 for k, v in _state(inline).items()}
+    assert s.PushUpdate(_inline_update(a, 1, state), timeout=10).accepted
+    assert s.PushUpdate(update_messages(b, 1, state), timeout=10).accepted
+    for _ in range(100):
+        status = s.GetStatus(pb.StatusRequest(), metadata=OPERATOR_MD, timeout=10)
+        if status.history:
+            break
+        time.sleep(0.05)
+    assert status.history[0].accepted == 2 and status.history[0].rejected == 0
+
+
+def test_inline_data_must_be_the_whole_announced_update(big_chunks) -> None:  # type: ignore[no-untyped-def]
+    """Data that disagrees with total_bytes, or a chunk after a whole inline update: refused, with the reason."""
+    _, s = big_chunks
+    a, b = _join(s, "a"), _join(s, "b")
+    mark_ready(s, [a, b])
+    state = _state(_pull(s, a, inline_ok=True))
+    _pull(s, b, inline_ok=True)
+    _, payload = pack(state)
+    with pytest.raises(grpc.RpcError) as short:
+        s.PushUpdate(_inline_update(a, 1, state, data=bytes(payload)[:-4]), timeout=10)
+    assert short.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "header's data holds" in (short.value.details() or "")
+    extra = [pb.UpdateMessage(chunk=pb.Chunk(offset=len(payload), data=b"\0" * 4))]
+    with pytest.raises(grpc.RpcError) as more:
+        s.PushUpdate(_inline_update(b, 1, state, then=extra), timeout=10)
+    assert more.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def test_a_model_bigger_than_a_chunk_goes_in_chunks(small_chunks) -> None:  # type: ignore[no-untyped-def]
+    _, s = small_chunks
+    a, b = _join(s, "a"), _join(s, "b")
+    mark_ready(s, [a, b])
+    task = _pull(s, a, inline_ok=True)
+    assert not task[0].header.data and len(task) >= 2  # inline_ok asks; the size decides
+
+
+def test_fits_inline_counts_the_header_and_framing() -> None:
+    assert wire.fits_inline(100, 1000, 1116)
+    assert not wire.fits_inline(100, 1000, 1115)
+    assert not wire.fits_inline(10, 0, 1 << 20)  # nothing to carry: no data field
+
+
+def test_a_client_inlines_its_update_only_when_asked_and_when_it_fits() -> None:
+    from fedclient.transport import update_frames
+
+    manifest, payload = pack({"w": torch.arange(1000, dtype=torch.float32)})
+    def header() -> pb.UpdateHeader:
+        return pb.UpdateHeader(session_id="s", round=1, tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
+    first, chunks = update_frames(header(), payload, 1 << 20, pb.UpdateMessage, inline=True)
+    assert pb.UpdateMessage.FromString(first).header.data == bytes(payload) and not list(chunks)
+    for inline, chunk_bytes in ((False, 1 << 20), (True, 2048)):  # not asked; too big for one chunk
+        first, chunks = update_frames(header(), payload, chunk_bytes, pb.UpdateMessage, inline=inline)
+        assert not pb.UpdateMessage.FromString(first).header.data
+        assert b"".join(pb.UpdateMessage.FromString(c).chunk.data for c in chunks) == bytes(payload)
