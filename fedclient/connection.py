@@ -135,6 +135,10 @@ class Connection:
             self._stream = transport.open_session()
         return self._stream
 
+    def pull_pending(self) -> bool:
+        """Whether the client's next pull is already on its way (sent with its last update)."""
+        return self._stream is not None and not self._stream.broken and self._stream.pull_pending
+
     def stream_refused(self, e: grpc.RpcError) -> bool:
         """Whether ``e`` says the server has no Session stream for this client (a server that predates it, or one
         that requires signed requests); the unary calls are used from then on."""

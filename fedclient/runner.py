@@ -73,6 +73,7 @@ class RoundRunner:
         self._round: CallNext | None = None  # the mods around the local round, built at the first join
         self._ineligible_since: float | None = None
         self._manifest: tuple[nn.Module, list[TensorMeta]] | None = None  # the model's, worked out once
+        self._then_pull = False
 
     # ---- join ----
 
@@ -102,6 +103,7 @@ class RoundRunner:
             self.summary.rejoins += 1
         self.conn.session = reply.session_id
         self.fed = fed
+        self._then_pull = bool(reply.then_pull)  # the server takes a pull with an update (SessionRequest.then_pull)
         self.conn.set_heartbeat_interval(reply.heartbeat_interval_s)
         self.setup.prepare(fed, int(reply.client_index), self.local, self.conn.keep_alive)
         assert self.setup.model is not None and self.setup.data is not None
@@ -117,9 +119,12 @@ class RoundRunner:
         """Work until the federation finishes (returns) or the client stops (:class:`fedclient.errors.Stopped`)."""
         while True:
             self.conn.check_stop()
-            self.sim.wait_online(self.conn.sleep)
+            # A pull sent with the last update was sent because the device was online and eligible then.
+            pending = self.conn.pull_pending()
+            if not pending:
+                self.sim.wait_online(self.conn.sleep)
             try:
-                if not self._eligible_now():
+                if not pending and not self._eligible_now():
                     if self._decline():
                         return
                     continue
@@ -186,11 +191,17 @@ class RoundRunner:
         self.conn.sleep(min(hint, beat) if hint > 0 else beat)
         return False
 
+    def _pull_request(self) -> pb.PullTaskRequest:
+        return pb.PullTaskRequest(session_id=self.conn.session, max_wait_s=self.config.long_poll_s, inline_ok=True)
+
     def _pull(self) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
-        req = pb.PullTaskRequest(session_id=self.conn.session, max_wait_s=self.config.long_poll_s, inline_ok=True)
+        req = self._pull_request()
         limit = self.config.long_poll_s + 30.0
         def on_stream(stream: SessionStream) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
-            stream.send([pb.SessionRequest(pull=req).SerializeToString()])
+            if stream.pull_pending:
+                stream.pull_pending = False  # it went with the last update: its answer is the next reply
+            else:
+                stream.send([pb.SessionRequest(pull=req).SerializeToString()])
             return self._read_task(stream.reply, pb.SessionReply)
 
         streamed = self._on_stream(on_stream, limit)
@@ -317,11 +328,16 @@ class RoundRunner:
                 session_id=self.conn.session, round=round_, report=wire.update_report_to_pb(report), kind=pb.WEIGHTS,
                 tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
             def on_stream(stream: SessionStream) -> pb.PushReply:
-                first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest, inline)
+                # The next pull goes with the update when the device could send it now (online and eligible, as
+                # the loop would check before it): one message per round instead of two.
+                then = self._pull_request() if self._then_pull and self.sim.online() and self._eligible_now() \
+                    else None
+                first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest, inline, then)
                 stream.send(itertools.chain([first], chunks))  # drained by gRPC while this thread waits
                 answer = pb.SessionReply.FromString(stream.reply())
                 if answer.WhichOneof("kind") != "pushed":
                     raise StreamEnded("the server answered an update with something other than its reply")
+                stream.pull_pending = then is not None
                 return answer.pushed
 
             streamed = self._on_stream(on_stream, 120.0)

@@ -48,6 +48,8 @@ class SessionStream:
         self.call = method(self._frames())
         self._replies: Iterator[bytes] = iter(self.call)
         self.broken = False
+        # A pull went with the last update (SessionRequest.then_pull): its answer is the next reply.
+        self.pull_pending = False
 
     def _frames(self) -> Iterator[bytes]:
         """The request stream gRPC's consumer thread sends: what :meth:`send` queued, each iterable taken lazily

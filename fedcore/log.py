@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime
 import logging
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
@@ -103,9 +103,25 @@ def _min_level(level: str) -> Any:
     return proc
 
 
-def _text(event_dict: MutableMapping[str, Any]) -> str:
+def _text(event_dict: Mapping[str, Any]) -> str:
     fields = " ".join(f"{k}={v}" for k, v in event_dict.items() if k not in ("event", "level"))
     return f"{event_dict.get('event', '')} {fields}".rstrip()
+
+
+class _Text:
+    """A record's message, ``"<event> key=value ..."``, made when a formatter asks for it (``str``): the CLIs'
+    handler renders the event dict instead, so a JSON log line never pays for the text."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self, event_dict: Mapping[str, Any]) -> None:
+        self._event = event_dict
+
+    def __str__(self) -> str:
+        return _text(self._event)
+
+    def __repr__(self) -> str:
+        return repr(str(self))
 
 
 def _to_record(logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> tuple[
@@ -115,7 +131,8 @@ def _to_record(logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> 
     exc_info = event_dict.pop("exc_info", None)
     if name == "exception" and not exc_info:
         exc_info = True
-    return (_text(event_dict),), {"extra": {EVENT_ATTR: dict(event_dict)}, "exc_info": exc_info or None}
+    event = dict(event_dict)
+    return (_Text(event),), {"extra": {EVENT_ATTR: event}, "exc_info": exc_info or None}
 
 
 def get_logger(component: str, level: str = "debug") -> Any:

@@ -139,7 +139,7 @@ class FederationServicer:
             await self._refuse(context, "Join", e)
         return pb.JoinReply(session_id=res.session_id, config=self._join_config,
                             heartbeat_interval_s=self.coord.config.server.heartbeat_interval_s,
-                            client_index=res.client_index)
+                            client_index=res.client_index, then_pull=True)
 
     async def _poll(self, request: pb.PullTaskRequest, raw: bytes, method: str,
                     context: grpc.aio.ServicerContext) -> tuple[str, Any]:
@@ -291,7 +291,8 @@ class FederationServicer:
     async def Session(self, request_iterator: AsyncIterator[Incoming],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TaskMessage | pb.SessionReply | bytes]:
         """PullTask and PushUpdate on one stream (``rpc Session``): each exchange is a pull answered with the task
-        (or a wait), or an update answered with ``pushed``. Every message passes the checks its unary call's does
+        (or a wait), or an update answered with ``pushed`` (and, when its message carries ``then_pull``, followed
+        at once by that pull's exchange: no message in between). Every message passes the checks its unary call's does
         (the identity of the call, the session's owner, the bounds, the limits); a refusal ends the stream with its
         status. Idle between exchanges for longer than a round (``round_timeout_s``, or the long-poll if longer,
         plus ``stream_idle_timeout_s``) the stream is ended (the client opens a new one); its first message must come
@@ -301,6 +302,7 @@ class FederationServicer:
         cfg = self.coord.config
         between = max(cfg.rounds.round_timeout_s, cfg.server.long_poll_s) + self.idle_s
         idle = self.idle_s
+        then: tuple[pb.PullTaskRequest, bytes] | None = None  # a pull sent with the last update (then_pull)
         while True:
             res: Any = None  # a pull's answer
             inline_ok = False
@@ -310,21 +312,28 @@ class FederationServicer:
                     raise ProtocolError("FAILED_PRECONDITION", "this server requires signed requests, which the "
                                                                "Session stream does not carry: use PullTask and "
                                                                "PushUpdate (each call signed)")
-                item = await self._next(it, "", idle)
-                if item is None:
-                    return
-                idle = between
-                msg = _message(item)
-                kind = msg.WhichOneof("kind")
-                if kind == "pull":
-                    cid, res = await self._poll(msg.pull, item.raw, "Session", context)
-                    inline_ok = msg.pull.inline_ok
-                elif kind == "header":
-                    await self._update(item, it, "Session", context, whole_stream=False)
-                    pushed = True
+                if then is not None:  # the next exchange is the pull that came with the update
+                    (pull, raw), then = then, None
                 else:
-                    raise ProtocolError("INVALID_ARGUMENT", "a Session exchange starts with a pull or an update "
-                                                            f"header, not {kind or 'an empty message'}")
+                    item = await self._next(it, "", idle)
+                    if item is None:
+                        return
+                    idle = between
+                    msg = _message(item)
+                    kind = msg.WhichOneof("kind")
+                    if kind == "header":
+                        await self._update(item, it, "Session", context, whole_stream=False)
+                        pushed = True
+                        if msg.HasField("then_pull"):
+                            then = msg.then_pull, item.raw
+                    elif kind == "pull":
+                        pull, raw = msg.pull, item.raw
+                    else:
+                        raise ProtocolError("INVALID_ARGUMENT", "a Session exchange starts with a pull or an update "
+                                                                f"header, not {kind or 'an empty message'}")
+                if not pushed:
+                    cid, res = await self._poll(pull, raw, "Session", context)
+                    inline_ok = pull.inline_ok
             except ProtocolError as e:
                 await self._refuse(context, "Session", e)
             if pushed:

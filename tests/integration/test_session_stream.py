@@ -97,6 +97,37 @@ def test_one_stream_carries_every_round_of_a_device(federation) -> None:  # type
         ex.close()
 
 
+def test_a_pull_can_go_with_the_update(federation) -> None:  # type: ignore[no-untyped-def]
+    """SessionRequest.then_pull: the update is answered with ``pushed``, then the pull that came with it is served
+    as the stream's next exchange: round 2's task arrives with no message sent after round 1's update."""
+    srv, s = federation
+    replies = {name: s.Join(pb.JoinRequest(client_id=name, token=TOKEN), timeout=5) for name in ("a", "b")}
+    assert all(r.then_pull for r in replies.values())  # the server says it reads the field
+    sessions = {name: r.session_id for name, r in replies.items()}
+    streams = {name: Exchange(s) for name in sessions}
+    tasks: dict[str, Any] = {}
+    deadline = time.monotonic() + 20
+    while len(tasks) < 2 and time.monotonic() < deadline:
+        for name, ex in streams.items():
+            if name not in tasks:
+                header, state = ex.pull(sessions[name], max_wait=0.1)
+                if isinstance(header, pb.TaskHeader):
+                    tasks[name] = state
+    assert set(tasks) == {"a", "b"}
+    for name, ex in streams.items():
+        frames = list(update_messages(sessions[name], 1, {k: v + 0.01 for k, v in tasks[name].items()}))
+        first = pb.SessionRequest(header=frames[0].header,
+                                  then_pull=pb.PullTaskRequest(session_id=sessions[name], max_wait_s=10.0))
+        ex.send(first, *(pb.SessionRequest.FromString(m.SerializeToString()) for m in frames[1:]))
+        reply = next(ex.replies)
+        assert reply.WhichOneof("kind") == "pushed" and reply.pushed.accepted
+    srv.wait_for_round(1, timeout=20)
+    for ex in streams.values():  # nothing more sent: the pull that went with the update is answered
+        first_reply = next(ex.replies)
+        assert first_reply.WhichOneof("kind") == "header" and first_reply.header.round == 2
+        ex.close()
+
+
 @pytest.mark.parametrize(("case", "code", "text"), [
     ("wrong_shape", grpc.StatusCode.INVALID_ARGUMENT, "has shape [3, 3], expected"),
     ("nan", grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
