@@ -325,7 +325,10 @@ class FederationServicer:
                         await self._update(item, it, "Session", context, whole_stream=False)
                         pushed = True
                         if msg.HasField("then_pull"):
-                            then = msg.then_pull, item.raw
+                            # A copy: a sub-message keeps its parent (the update, its data) alive while it waits.
+                            raw = msg.then_pull.SerializeToString()
+                            then = pb.PullTaskRequest.FromString(raw), raw
+                        item = msg = None  # the update's bytes are not held while the stream waits
                     elif kind == "pull":
                         pull, raw = msg.pull, item.raw
                     else:
@@ -339,8 +342,10 @@ class FederationServicer:
             if pushed:
                 yield pb.SessionReply(pushed=pb.PushReply(accepted=True))
                 continue
+            message: pb.TaskMessage | bytes | None = None
             for message in self._task_messages(res, inline_ok):
                 yield message  # TaskMessage's frames are SessionReply's (the same field numbers)
+            message = None  # nor is the task's (a model inside its header) while the device trains and polls
             if isinstance(res, Task):
                 self.coord.timing.handed_out(cid, res.round)
 
