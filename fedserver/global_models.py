@@ -25,6 +25,9 @@ class GlobalModels:
         self.float_names = [k for k, v in state.items() if v.is_floating_point()]
         self.num_params = sum(state[k].numel() for k in self.float_names)
         self._models: dict[str, dict[str, torch.Tensor]] = {GLOBAL: state}
+        # Each model's floating-point tensors as one [P] float32 vector, kept while the model's state dict is the
+        # same object (put/apply_flat replace it): an update's u_i = w_i - w is then one subtraction.
+        self._flat_of: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]] = {}
 
     @classmethod
     def of(cls, model: nn.Module) -> GlobalModels:
@@ -52,6 +55,7 @@ class GlobalModels:
         if model_id == GLOBAL:
             raise ValueError("the global model cannot be dropped")
         self._models.pop(model_id, None)
+        self._flat_of.pop(model_id, None)
 
     def flat(self, model_id: str = GLOBAL) -> torch.Tensor:
         state = self._models[model_id]
@@ -71,11 +75,7 @@ class GlobalModels:
         run = self._float32_run(tensors) if consume else None
         if run is not None:
             if not is_delta:
-                offset = 0
-                for name in self.float_names:
-                    b = base[name].reshape(-1)
-                    run[offset : offset + b.numel()].sub_(b.to(torch.float32))
-                    offset += b.numel()
+                run.sub_(self._base_flat(model_id))  # the same float32 subtraction per element, in one call
             return run
         # Written in place into one [P] vector: each received float32 tensor is read once (no per-tensor
         # difference and no concatenation copy).
@@ -90,6 +90,15 @@ class GlobalModels:
                 torch.sub(t, base[name].reshape(-1).to(torch.float32), out=out)
             offset += t.numel()
         return flat
+
+    def _base_flat(self, model_id: str) -> torch.Tensor:
+        """:meth:`flat` of ``model_id``, worked out once per version of the model."""
+        state = self._models[model_id]
+        got = self._flat_of.get(model_id)
+        if got is None or got[0] is not state:
+            got = state, self.flat(model_id)
+            self._flat_of[model_id] = got
+        return got[1]
 
     def _float32_run(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
         """The ``[P]`` float32 vector that ``tensors``' floating-point tensors are views of, back to back in the

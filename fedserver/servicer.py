@@ -94,6 +94,7 @@ class FederationServicer:
         self.idle_s = cfg.server.stream_idle_timeout_s
         self.log = coordinator.log
         self.refused = 0
+        self._metas: tuple[object, list[pb.TensorMeta]] = (None, [])  # a task manifest and its wire form
         # Refusals are logged rate-limited per peer address and reason: a flood of bad calls cannot flood the log.
         self.refusals = RefusalLog(self.log)
         # Only the options a client accepts from a server are announced (fedcore.trust); the server's own
@@ -159,7 +160,9 @@ class FederationServicer:
             return
         total = len(res.payload)
         chunk_bytes = self.coord.config.server.chunk_bytes
-        header = pb.TaskHeader(round=res.round, deadline_s=res.deadline_s, tensors=wire.metas_to_pb(res.manifest),
+        if self._metas[0] is not res.manifest:  # the dispatcher hands out one manifest object per model version
+            self._metas = res.manifest, wire.metas_to_pb(res.manifest)
+        header = pb.TaskHeader(round=res.round, deadline_s=res.deadline_s, tensors=self._metas[1],
                                total_bytes=total, recovery=res.recovery, learning_rate=res.learning_rate)
         if inline_ok and wire.fits_inline(header.ByteSize(), total, chunk_bytes):
             header.data = bytes(res.payload)
