@@ -38,6 +38,11 @@ def stub(address: str) -> tuple[grpc.Channel, pb_grpc.FederationStub]:
     return ch, pb_grpc.FederationStub(ch)
 
 
+def join_session(s: pb_grpc.FederationStub, name: str, token: str) -> str:
+    """Join as ``name`` with the shared ``token``; the session id."""
+    return str(s.Join(pb.JoinRequest(client_id=name, token=token), timeout=5).session_id)
+
+
 def update_messages(session: str, round_: int, state: dict[str, torch.Tensor], num_samples: int = 10,
                     extra_bytes: bytes = b"", announce: int | None = None, chunk: int = 4096,
                     **header: Any) -> Iterator[pb.UpdateMessage]:

@@ -17,7 +17,7 @@ from fedcore.serialization import Reassembler, pack
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import ServerThread
-from tests.integration.helpers import OPERATOR_MD, mark_ready, server_config, stub, update_messages
+from tests.integration.helpers import OPERATOR_MD, join_session, mark_ready, server_config, stub, update_messages
 
 TOKEN = "s3cret"
 
@@ -44,10 +44,6 @@ def big_chunks(tmp_path: Path) -> Iterator[tuple[ServerThread, Any]]:
     yield srv, s
     ch.close()
     srv.stop()
-
-
-def _join(s: Any, name: str) -> str:
-    return str(s.Join(pb.JoinRequest(client_id=name, token=TOKEN), timeout=5).session_id)
 
 
 def _pull(s: Any, session: str, inline_ok: bool) -> list[pb.TaskMessage]:
@@ -81,7 +77,7 @@ def test_a_small_model_and_its_update_ride_in_their_headers(big_chunks) -> None:
     """The same round's model: one message to the pull that said inline_ok, header and chunks to the one that did
     not, the same bytes; an update inside its header is accepted like one in chunks, and the round aggregates."""
     _, s = big_chunks
-    a, b = _join(s, "a"), _join(s, "b")
+    a, b = join_session(s, "a", TOKEN), join_session(s, "b", TOKEN)
     mark_ready(s, [a, b])
     inline, chunked = _pull(s, a, inline_ok=True), _pull(s, b, inline_ok=False)
     assert len(inline) == 1 and inline[0].header.data  # the task is one message
@@ -102,7 +98,7 @@ def test_a_small_model_and_its_update_ride_in_their_headers(big_chunks) -> None:
 def test_inline_data_must_be_the_whole_announced_update(big_chunks) -> None:  # type: ignore[no-untyped-def]
     """Data that disagrees with total_bytes, or a chunk after a whole inline update: refused, with the reason."""
     _, s = big_chunks
-    a, b = _join(s, "a"), _join(s, "b")
+    a, b = join_session(s, "a", TOKEN), join_session(s, "b", TOKEN)
     mark_ready(s, [a, b])
     state = _state(_pull(s, a, inline_ok=True))
     _pull(s, b, inline_ok=True)
@@ -119,7 +115,7 @@ def test_inline_data_must_be_the_whole_announced_update(big_chunks) -> None:  # 
 
 def test_a_model_bigger_than_a_chunk_goes_in_chunks(small_chunks) -> None:  # type: ignore[no-untyped-def]
     _, s = small_chunks
-    a, b = _join(s, "a"), _join(s, "b")
+    a, b = join_session(s, "a", TOKEN), join_session(s, "b", TOKEN)
     mark_ready(s, [a, b])
     task = _pull(s, a, inline_ok=True)
     assert not task[0].header.data and len(task) >= 2  # inline_ok asks; the size decides

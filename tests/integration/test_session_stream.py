@@ -19,7 +19,7 @@ from fedcore.serialization import Reassembler
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import ServerThread
-from tests.integration.helpers import mark_ready, server_config, stub, update_messages
+from tests.integration.helpers import join_session, mark_ready, server_config, stub, update_messages
 
 TOKEN = "s3cret"
 
@@ -69,7 +69,7 @@ def federation(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def _join(s: Any, name: str) -> str:
-    return str(s.Join(pb.JoinRequest(client_id=name, token=TOKEN), timeout=5).session_id)
+    return join_session(s, name, TOKEN)
 
 
 def test_one_stream_carries_every_round_of_a_device(federation) -> None:  # type: ignore[no-untyped-def]
