@@ -52,9 +52,11 @@ def meta_from_pb(p: pb.TensorMeta) -> TensorMeta:
 
 
 # Checked manifests by their wire bytes: a server reads its model's manifest in every update, a client in every
-# task. Bounded; a failure is never stored (it raises before).
+# task. Bounded in entries and in bytes (a remote party chooses what it sends: at most _MANIFESTS_MAX entries of at
+# most _MANIFEST_KEY_BYTES each are kept, 4 MiB; a bigger manifest is decoded every time); a failure is never stored.
 _MANIFESTS: dict[tuple[bytes, ...], tuple[TensorMeta, ...]] = {}
-_MANIFESTS_MAX = 256
+_MANIFESTS_MAX = 16
+_MANIFEST_KEY_BYTES = 256 << 10
 
 
 def metas_from_pb(ps: Sequence[pb.TensorMeta]) -> list[TensorMeta]:
@@ -62,9 +64,10 @@ def metas_from_pb(ps: Sequence[pb.TensorMeta]) -> list[TensorMeta]:
     got = _MANIFESTS.get(key)
     if got is None:
         got = tuple(meta_from_pb(p) for p in ps)
-        if len(_MANIFESTS) >= _MANIFESTS_MAX:
-            _MANIFESTS.clear()
-        _MANIFESTS[key] = got
+        if sum(map(len, key)) <= _MANIFEST_KEY_BYTES:
+            if len(_MANIFESTS) >= _MANIFESTS_MAX:
+                _MANIFESTS.clear()
+            _MANIFESTS[key] = got
     return list(got)
 
 

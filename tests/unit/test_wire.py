@@ -79,3 +79,19 @@ def test_a_malformed_json_field_is_a_serialization_error(raw: str) -> None:
     p = pb.FederationConfig(model_kwargs_json=raw)
     with pytest.raises(SerializationError, match="model_kwargs_json"):
         wire.federation_from_pb(p)
+
+
+def test_the_manifest_cache_is_bounded_in_entries_and_bytes() -> None:
+    """metas_from_pb caches what a remote party sends: never more than 16 manifests of at most 256 KiB each."""
+    from fedcore.serialization import TensorMeta
+    from fedguard import wire as w
+
+    w._MANIFESTS.clear()
+    for i in range(100):  # distinct manifests, each decoded right
+        got = w.metas_from_pb(w.metas_to_pb([TensorMeta(f"t{i}", "float32", (i + 1,))]))
+        assert got == [TensorMeta(f"t{i}", "float32", (i + 1,))]
+        assert len(w._MANIFESTS) <= w._MANIFESTS_MAX
+    w._MANIFESTS.clear()
+    big = [TensorMeta("x" * 500 + str(i), "float32", (1,)) for i in range(1000)]  # ~0.5 MB on the wire
+    assert w.metas_from_pb(w.metas_to_pb(big)) == big
+    assert not w._MANIFESTS  # decoded, not kept
