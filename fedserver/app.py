@@ -20,6 +20,7 @@ from fedcore.config import ConfigError, ServerConfig
 from fedcore.log import get_logger
 from fedcore.models import build_model
 from fedcore.report import FederationStatus, RoundReport
+from fedserver import event_loop
 from fedserver.coordinator import Coordinator
 from fedserver.global_models import GLOBAL
 from fedserver.persistence import StoreOpener, open_store
@@ -156,7 +157,7 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
     sec = config.security
     transport = "plaintext" if sec.insecure else ("mutual-tls" if sec.client_ca else "tls")
     coord.log.info("server.listening", address=config.server.address, port=port, transport=transport,
-                   signed_requests=bool(sec.client_keys))
+                   signed_requests=bool(sec.client_keys), event_loop=event_loop.running_loop_name())
     if ready is not None:
         ready(port, coord, servicer)
     run = asyncio.ensure_future(coord.run())
@@ -236,7 +237,7 @@ class ServerThread:
                                       on_round_end=self._round_end)
 
         try:
-            asyncio.run(go())
+            event_loop.run(go, self.config.server.event_loop)
         except BaseException as e:  # surfaced to the caller by wait()/start()
             self.error = e
         finally:

@@ -52,6 +52,7 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
                                                 "--enroll): every request must be signed"),
     "crl": ("security.crl", str, "mutual TLS: certificate revocation list (fedguard-certs revoke), re-read when it "
                                  "changes; a revoked client is refused at its next call"),
+    "event_loop": ("server.event_loop", str, "asyncio event loop: auto (uvloop where installed), uvloop or asyncio"),
     "operator_token_file": ("security.operator_token_file", str, "file holding the operator token that GetStatus "
                                                                 "requires (or FEDGUARD_OPERATOR_TOKEN)"),
     "rounds": ("rounds.num_rounds", int, "number of rounds R"),
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         from fedserver.corelog import capture_handshake_failures
 
         capture_handshake_failures(get_logger("fedserver"))
+    from fedserver import event_loop
     from fedserver.app import serve
 
     async def go() -> FederationStatus | Exception:
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             return e
 
     try:
-        result = asyncio.run(go())
+        result = event_loop.run(go, config.server.event_loop)
         if isinstance(result, Exception):
             raise result
         status = result

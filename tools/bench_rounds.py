@@ -11,6 +11,7 @@ private part is what each extra process really costs.
     python tools/bench_rounds.py                     # K = 10, 20 timed rounds, synthetic MLP
     python tools/bench_rounds.py --hidden 1024 512   # a ~0.6M-parameter MLP instead
     python tools/bench_rounds.py --virtual           # the K clients as threads of one process
+    python tools/bench_rounds.py --event-loop asyncio   # the server on the standard loop (default: uvloop)
     python tools/bench_rounds.py --clients 1000 -k 100 --virtual --procs 10 --rounds 10   # a fleet (issue 13)
     python tools/bench_rounds.py ... --profile server.prof   # where the server's time goes (cProfile: top 25
                                                               # of fedguard's functions, top 12 by internal time)
@@ -208,6 +209,8 @@ def main() -> int:
     ap.add_argument("--transport", choices=["session", "unary"], default="session",
                     help="how clients pull and push: one Session stream each (the default) or the unary PullTask "
                          "and PushUpdate calls (client session_stream = false)")
+    ap.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                    help="the server's event loop (server.event_loop; auto: uvloop where installed)")
     args = ap.parse_args()
     if args.warmup < 1:
         ap.error("--warmup must be >= 1 (the first round's start-up is not a round's cost)")
@@ -226,7 +229,7 @@ def main() -> int:
         profile = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
         server = subprocess.Popen(
             [py, *profile, "-m", "fedserver", "--address", address, "--rounds", str(total), "-k", str(args.k),
-             "--run-dir", str(run_dir), "--log-json", "--log-level", "info",
+             "--run-dir", str(run_dir), "--log-json", "--log-level", "info", "--event-loop", args.event_loop,
              # Long enough for every client to hear that the federation finished and leave (10,000 at once).
              "--linger", str(max(10, n // 400)),
              *(["--set", f"server.long_poll_s={args.long_poll}"] if args.long_poll else []),
@@ -295,12 +298,13 @@ def main() -> int:
               for e in done[args.warmup - 1:]]
     wall = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     start = next(e for e in events if e["event"] == "federation.started")
+    loop = next(e for e in events if e["event"] == "server.listening").get("event_loop", "asyncio")
     rss = [r for _, r, _, _ in client_res]
     anon = [a for _, _, a, _ in client_res]
     layout = f"threads of {len(client_res)} process(es)" if args.virtual else "one process each"
     via = "a Session stream each" if args.transport == "session" else "unary PullTask/PushUpdate calls"
     print(f"K = {args.k} of N = {n} clients ({layout}; {via}), no-op trainer, {start['params']:,}-parameter MLP, "
-          f"{args.rounds} timed rounds after {args.warmup} warm-up")
+          f"{args.rounds} timed rounds after {args.warmup} warm-up; server event loop: {loop}")
     print(f"median seconds per round (start -> aggregated): {statistics.median(per_round):.4f}  "
           f"(min {min(per_round):.4f}, max {max(per_round):.4f})")
     print(f"wall seconds per round (between completions):   {wall:.4f}")

@@ -68,9 +68,11 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.T
     return _final(tmp / "run")
 
 
-def test_arrival_order_does_not_change_the_model(tmp_path: Path, uninterrupted: dict[str, torch.Tensor]) -> None:
-    # Client 0 answers last here (first in the uninterrupted run's natural order): same models bit for bit.
-    cfg = _cfg(tmp_path)
+def test_arrival_order_and_event_loop_do_not_change_the_model(tmp_path: Path,
+                                                              uninterrupted: dict[str, torch.Tensor]) -> None:
+    # Client 0 answers last here (first in the uninterrupted run's natural order), and the server runs on the
+    # standard asyncio loop (the uninterrupted run: "auto", uvloop where installed): same models bit for bit.
+    cfg = _cfg(tmp_path, server={"event_loop": "asyncio"})
     srv = ServerThread(cfg, linger_s=1.0).start()
     clients = _clients(srv.address, delays=[0.3, 0.15, 0.0])
     status = srv.wait(120)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -51,14 +52,18 @@ def test_bench_rounds_idle_reports_joins_idle_cpu_and_memory() -> None:
     assert re.search(r"idle server with 3 clients connected .*: [\d.]+% of a core", out), out
     assert "client hosts' private memory" in out
     assert "K = 2 of N = 4 clients (threads of 2 process(es); a Session stream each)" in out  # + the held-back host
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"  # --event-loop auto
+    assert f"server event loop: {loop}" in out, out
 
 
 @pytest.mark.system
 def test_bench_rounds_measures_the_unary_calls_on_request() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "-k", "2", "--rounds", "1",
-                           "--transport", "unary"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           "--transport", "unary", "--event-loop", "asyncio"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "K = 2 of N = 2 clients (one process each; unary PullTask/PushUpdate calls)" in proc.stdout, proc.stdout
+    assert "server event loop: asyncio" in proc.stdout, proc.stdout
 
 
 def _children(pid: int) -> list[int]:
