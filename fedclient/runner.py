@@ -266,7 +266,7 @@ class RoundRunner:
                             raise SerializationError("a message other than a chunk inside the task's model")
                         chunk = int(msg.chunk.offset), memoryview(msg.chunk.data)
                     asm.feed(*chunk)
-                return header, asm.finish()
+                return header, dict(asm.finish())  # the round may replace entries
             except StopIteration:
                 raise SerializationError("the task ended before its model did") from None
         except (SerializationError, DecodeError) as e:

@@ -8,7 +8,8 @@ Zero-copy on both ends: a sender describes the payload as :class:`Payload`, memo
 tensors' own storage, so a chunk is copied once, into its wire frame (:func:`fedguard.wire.chunk_frames`); the
 receiver (:class:`Reassembler`) allocates one ``torch.empty`` per tensor from the manifest and copies each
 chunk's bytes once into the slices it covers (a chunk may span tensors and end inside an element), checking
-every byte count; the tensors it returns are those buffers.
+every byte count; the tensors it returns are those buffers. With ``one_buffer`` the payload lands in one buffer and
+the tensors are views of it, made when first asked for (:class:`ReceivedTensors`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -202,7 +203,7 @@ def check_manifest(manifest: Sequence[TensorMeta]) -> None:
             raise SerializationError(f"tensor {m.name!r}: negative dimension in shape {list(m.shape)}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Layout:
     """What a manifest means to a receiver, worked out once per manifest (:func:`_layout`): its byte count,
     whether every tensor's payload offset is a multiple of its item size (views of one buffer are then possible),
@@ -212,6 +213,36 @@ class _Layout:
     aligned: bool
     entries: tuple[tuple[str, torch.dtype, tuple[int, ...], int, int], ...]
     ends: tuple[int, ...]  # the end offset of every non-empty tensor, in payload order
+    index: dict[str, int] = field(default_factory=dict)  # name -> position in entries
+    # names -> (first byte, float32 count) of the run those tensors form, or None (ReceivedTensors.float32_run)
+    runs: dict[tuple[str, ...], tuple[int, int] | None] = field(default_factory=dict)
+
+    def float32_span(self, names: tuple[str, ...]) -> tuple[int, int] | None:
+        """(first byte, count) when the tensors ``names`` are float32 and lie back to back in the payload in that
+        order (empty ones anywhere), else None; worked out once per ``names``."""
+        if names in self.runs:
+            return self.runs[names]
+        span: tuple[int, int] | None = None
+        start = end = -1
+        ok = self.aligned and all(n in self.index for n in names)
+        for n in names if ok else ():
+            _, dt, _, offset, nbytes = self.entries[self.index[n]]
+            if dt != torch.float32:
+                ok = False
+                break
+            if not nbytes:
+                continue
+            if start < 0:
+                start = end = offset
+            if offset != end:
+                ok = False
+                break
+            end += nbytes
+        if ok and start >= 0:
+            span = (start, (end - start) // 4)
+        if len(self.runs) < 16:  # one or two name lists per federation; bounded whatever callers pass
+            self.runs[names] = span
+        return span
 
 
 @functools.lru_cache(maxsize=64)
@@ -230,7 +261,41 @@ def _layout(manifest: tuple[TensorMeta, ...]) -> _Layout:
         offset += n
         if n:
             ends.append(offset)
-    return _Layout(offset, aligned, tuple(entries), tuple(ends))
+    return _Layout(offset, aligned, tuple(entries), tuple(ends), {e[0]: i for i, e in enumerate(entries)})
+
+
+class ReceivedTensors(Mapping[str, torch.Tensor]):
+    """The tensors a :class:`Reassembler` with ``one_buffer`` received: views of one byte buffer at their payload
+    offsets, each made when first asked for (a server that only needs the float32 run, :meth:`float32_run`, makes
+    none). Iterates in manifest order."""
+
+    def __init__(self, buffer: torch.Tensor, layout: _Layout) -> None:
+        self.buffer = buffer  # uint8 [expected]
+        self._layout = layout
+        self._made: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self._made.get(name)
+        if t is None:
+            _, dt, shape, offset, n = self._layout.entries[self._layout.index[name]]
+            t = self.buffer[offset : offset + n].view(dt).reshape(shape) if n else torch.empty(shape, dtype=dt)
+            self._made[name] = t
+        return t
+
+    def __iter__(self) -> Iterator[str]:
+        return (e[0] for e in self._layout.entries)
+
+    def __len__(self) -> int:
+        return len(self._layout.entries)
+
+    def float32_run(self, names: tuple[str, ...]) -> torch.Tensor | None:
+        """The float32 vector that the tensors ``names`` form back to back in the buffer (a view, no copy), or
+        None when they do not (another dtype, another order, a tensor between them)."""
+        span = self._layout.float32_span(names)
+        if span is None:
+            return None
+        start, count = span
+        return self.buffer[start : start + 4 * count].view(torch.float32)
 
 
 class Reassembler:
@@ -240,9 +305,10 @@ class Reassembler:
     tensor slices it covers. ``max_bytes`` bounds what a remote party can make us allocate; it is checked against
     the manifest before any memory is reserved.
 
-    ``one_buffer``: the tensors are views of one ``[expected]`` byte buffer at their payload offsets (when every
-    offset is a multiple of its tensor's item size; otherwise one allocation per tensor, as without it), and a
-    chunk is one copy whatever the tensors it spans. A model whose tensors are all float32 then arrives as one
+    ``one_buffer``: the tensors are views of one ``[expected]`` byte buffer at their payload offsets, made when
+    first asked for (:meth:`finish` returns a :class:`ReceivedTensors`; when every offset is a multiple of its
+    tensor's item size, otherwise one allocation per tensor, as without it), and a chunk is one copy whatever the
+    tensors it spans. A model whose tensors are all float32 then arrives as one
     contiguous float32 vector: the server computes the update in that buffer
     (:meth:`fedserver.global_models.GlobalModels.flatten_update` with ``consume``) instead of allocating a second
     ``[P]`` copy.
@@ -263,18 +329,17 @@ class Reassembler:
         if max_bytes is not None and self.expected > max_bytes:
             raise SerializationError(f"payload of {self.expected} bytes exceeds the limit of {max_bytes}")
         # Uninitialised: every byte is written by feed() before finish() accepts the tensors.
+        self._layout = layout
+        self._buffer: torch.Tensor | None = None  # one_buffer: the payload's bytes, viewed by the tensors
         self._tensors: dict[str, torch.Tensor] = {}
-        # (end offset in the payload, flat byte view) of every non-empty segment, in payload order: one segment
-        # (the whole buffer) with one_buffer, else one per tensor.
+        # Flat byte views of every non-empty segment, in payload order: one segment (the whole buffer) with
+        # one_buffer, else one per tensor; ``_ends`` holds each segment's end offset in the payload.
         self._views: list[np.ndarray] = []
         if one_buffer and layout.aligned:
-            buffer = torch.empty(self.expected, dtype=torch.uint8)
-            for name, dt, shape, offset, n in layout.entries:
-                self._tensors[name] = (buffer[offset : offset + n].view(dt).reshape(shape) if n
-                                       else torch.empty(shape, dtype=dt))
+            self._buffer = torch.empty(self.expected, dtype=torch.uint8)
             self._ends: tuple[int, ...] = (self.expected,) if self.expected else ()
             if self.expected:
-                self._views.append(buffer.numpy())
+                self._views.append(self._buffer.numpy())
         else:
             for name, dt, shape, _, n in layout.entries:
                 t = torch.empty(shape, dtype=dt)
@@ -308,16 +373,20 @@ class Reassembler:
             if self.received == end and self._seg + 1 < len(self._ends):
                 self._seg += 1
 
-    def finish(self) -> dict[str, torch.Tensor]:
+    def finish(self) -> Mapping[str, torch.Tensor]:
+        """The received tensors (a :class:`ReceivedTensors` with ``one_buffer``, else a dict of one buffer per
+        tensor), in manifest order; raises :class:`SerializationError` when bytes are missing."""
         if self.received != self.expected:
             raise SerializationError(f"received {self.received} of {self.expected} announced bytes")
+        out: Mapping[str, torch.Tensor] = (ReceivedTensors(self._buffer, self._layout) if self._buffer is not None
+                                            else self._tensors)
         if _BIG_ENDIAN_HOST:
             for m in self.manifest:
-                t = self._tensors[m.name]
+                t = out[m.name]
                 if m.itemsize > 1 and m.nbytes:
                     raw = t.reshape(-1).view(torch.uint8)
                     raw.copy_(raw.reshape(-1, m.itemsize).flip(1).reshape(-1))
-        out, self._tensors, self._views = self._tensors, {}, []
+        self._buffer, self._tensors, self._views = None, {}, []
         return out
 
 
@@ -343,7 +412,7 @@ def unpack(manifest: Sequence[TensorMeta], payload: bytearray | np.ndarray) -> d
 
 
 def roundtrip_chunks(state: Mapping[str, torch.Tensor], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                     one_buffer: bool = False) -> dict[str, torch.Tensor]:
+                     one_buffer: bool = False) -> Mapping[str, torch.Tensor]:
     """Pack, chunk and reassemble: what a receiver gets (used in tests and benchmarks)."""
     manifest, payload = payload_of(state)
     r = Reassembler(manifest, total_bytes(manifest), one_buffer=one_buffer)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from fedcore.serialization import TensorMeta, fingerprint, manifest_of
+from fedcore.serialization import ReceivedTensors, TensorMeta, fingerprint, manifest_of
 
 GLOBAL = "global"
 
@@ -23,6 +23,7 @@ class GlobalModels:
         self.manifest: list[TensorMeta] = manifest_of(state)
         self.fingerprint = fingerprint(self.manifest)
         self.float_names = [k for k, v in state.items() if v.is_floating_point()]
+        self._float_names = tuple(self.float_names)
         self.num_params = sum(state[k].numel() for k in self.float_names)
         self._models: dict[str, dict[str, torch.Tensor]] = {GLOBAL: state}
         # Each model's floating-point tensors as one [P] float32 vector, kept while the model's state dict is the
@@ -66,13 +67,15 @@ class GlobalModels:
                        model_id: str = GLOBAL, consume: bool = False) -> torch.Tensor:
         """A client's upload as the ``[P]`` float32 update u_i (weights minus the model it was handed).
 
-        ``consume``: the caller gives ``tensors`` up (the server's received upload). When their floating-point
-        tensors are float32 and lie back to back in one buffer, in the model's order (a model of float32 tensors
-        received by :class:`fedcore.serialization.Reassembler` with ``one_buffer``), u_i is computed in that
-        buffer, which is returned: no second ``[P]`` vector is allocated, and the result is bit-identical to the
-        copying path (the same float32 subtraction per element)."""
+        ``consume``: the caller gives ``tensors`` up (the server's received upload). When they were received into
+        one buffer (:class:`fedcore.serialization.ReceivedTensors`, a :class:`~fedcore.serialization.Reassembler`
+        with ``one_buffer``) and their floating-point tensors are float32 back to back in the model's order (a
+        model of float32 tensors), u_i is computed in that buffer, which is returned: no second ``[P]`` vector is
+        allocated, no per-tensor view is made, and the result is bit-identical to the copying path (the same
+        float32 subtraction per element)."""
         base = self._models[model_id]
-        run = self._float32_run(tensors) if consume else None
+        run = (tensors.float32_run(self._float_names) if consume and isinstance(tensors, ReceivedTensors)
+               else None)
         if run is not None:
             if not is_delta:
                 run.sub_(self._base_flat(model_id))  # the same float32 subtraction per element, in one call
@@ -99,26 +102,6 @@ class GlobalModels:
             got = state, self.flat(model_id)
             self._flat_of[model_id] = got
         return got[1]
-
-    def _float32_run(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
-        """The ``[P]`` float32 vector that ``tensors``' floating-point tensors are views of, back to back in the
-        model's order, or None when they are not."""
-        run = [tensors[name] for name in self.float_names]
-        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in run):
-            return None
-        run = [t for t in run if t.numel()]  # an empty tensor holds no bytes of the run
-        if not run:
-            return None
-        first = run[0]
-        expect = first.data_ptr()
-        for t in run:
-            if not t.is_contiguous() or t.data_ptr() != expect:
-                return None
-            expect += t.numel() * 4
-        storage = first.untyped_storage()
-        if (first.storage_offset() + self.num_params) * 4 > storage.nbytes():
-            return None
-        return torch.empty(0, dtype=torch.float32).set_(storage, first.storage_offset(), (self.num_params,), (1,))
 
     def state_from_flat(self, flat: torch.Tensor, model_id: str = GLOBAL) -> dict[str, torch.Tensor]:
         """A state dict with ``flat`` as its floating-point tensors and model ``model_id``'s other tensors (e.g.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,7 +217,7 @@ class FederationServicer:
         :class:`ProtocolError`. ``whole_stream``: the update is the whole stream (PushUpdate); otherwise (a Session
         stream) it ends with its announced bytes."""
         asm: Reassembler | None = None
-        tensors: dict[str, torch.Tensor] | None = None
+        tensors: Mapping[str, torch.Tensor] | None = None
         try:
             msg = _message(first)
             if msg.WhichOneof("kind") != "header":

@@ -7,7 +7,7 @@ the one place that decides whether an update is taken.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -52,7 +52,7 @@ class UploadGate:
     def reject_ticket(self, ticket: UpdateTicket, code: str, reason: str) -> None:
         self.intake.reject_ticket(ticket, code, reason)
 
-    def submit(self, ticket: UpdateTicket, tensors: dict[str, torch.Tensor]) -> None:
+    def submit(self, ticket: UpdateTicket, tensors: Mapping[str, torch.Tensor]) -> None:
         if self._stopping():
             raise ProtocolError("UNAVAILABLE", STOPPING)
         self.intake.submit(ticket, tensors)

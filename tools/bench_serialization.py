@@ -60,7 +60,7 @@ def model_state() -> dict[str, torch.Tensor]:
     return {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}
 
 
-def wire_roundtrip(state: dict[str, torch.Tensor], one_buffer: bool = False) -> dict[str, torch.Tensor]:
+def wire_roundtrip(state: dict[str, torch.Tensor], one_buffer: bool = False) -> Mapping[str, torch.Tensor]:
     manifest, payload = payload_of(state)
     header = pb.TaskMessage(header=pb.TaskHeader(tensors=wire.metas_to_pb(manifest), total_bytes=len(payload)))
     frames = [header.SerializeToString()]
@@ -190,15 +190,15 @@ def upload_to_update(state: dict[str, torch.Tensor], reps: int) -> None:
     g = torch.Generator().manual_seed(1)
     models = GlobalModels({k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in state.items()})
 
-    def per_tensor() -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def per_tensor() -> tuple[Mapping[str, torch.Tensor], torch.Tensor]:
         got = wire_roundtrip(state)
         return got, models.flatten_update(got, False)
 
-    def one_buffer() -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def one_buffer() -> tuple[Mapping[str, torch.Tensor], torch.Tensor]:
         got = wire_roundtrip(state, one_buffer=True)
         return got, models.flatten_update(got, False, consume=True)
 
-    paths: dict[str, Callable[[], tuple[dict[str, torch.Tensor], torch.Tensor]]] = {
+    paths: dict[str, Callable[[], tuple[Mapping[str, torch.Tensor], torch.Tensor]]] = {
         "per tensor + new [P] (before)": per_tensor, "one buffer, u_i in place (now)": one_buffer}
     outs = {name: fn() for name, fn in paths.items()}
     a, b = (u for _, u in outs.values())

@@ -5,6 +5,8 @@ new frames are what the previous release's receiver parses."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from fedcore.serialization import (
     DTYPES,
     Payload,
     Reassembler,
+    ReceivedTensors,
     SerializationError,
     TensorMeta,
     iter_chunks,
@@ -34,7 +37,7 @@ def _bits(t: torch.Tensor) -> bytes:
     return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
-def _assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+def _assert_bit_identical(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> None:
     assert list(a) == list(b)
     for k in a:
         assert (a[k].dtype, a[k].shape) == (b[k].dtype, b[k].shape), k
@@ -247,6 +250,35 @@ def test_one_buffer_lays_the_tensors_back_to_back_and_falls_back_when_misaligned
     got = roundtrip_chunks(odd, chunk_bytes=5, one_buffer=True)
     _assert_bit_identical(odd, got)
     assert got["w"].untyped_storage().data_ptr() != got["i"].untyped_storage().data_ptr()
+
+
+def test_received_tensors_are_views_made_when_asked_and_the_float32_run_needs_none() -> None:
+    """The one-buffer receiver hands out a mapping over its buffer: a tensor's view is made on first access (and
+    kept), iteration is in manifest order, and the float32 run of named tensors is read off the manifest's layout:
+    back to back float32 in the order named (empty tensors anywhere), else None."""
+    g = torch.Generator().manual_seed(9)
+    state = {"a": torch.randn(4, 4, generator=g), "e": torch.empty(0), "b": torch.randn(6, generator=g),
+             "i": torch.arange(3, dtype=torch.int64), "c": torch.randn(2, generator=g)}  # i at byte 88: aligned
+    got = roundtrip_chunks(state, chunk_bytes=11, one_buffer=True)
+    assert isinstance(got, ReceivedTensors) and list(got) == list(state) and len(got) == 5
+    run = got.float32_run(("a", "e", "b"))
+    assert run is not None and run.dtype == torch.float32 and run.shape == (22,)
+    assert got._made == {}  # the run made no per-tensor view
+    assert _bits(run) == _bits(torch.cat([state["a"].reshape(-1), state["b"]]))
+    assert run.data_ptr() == got.buffer.data_ptr()
+    assert got.float32_run(("b", "a")) is None  # not in payload order
+    assert got.float32_run(("a", "b", "c")) is None  # the int64 tensor lies between b and c
+    assert got.float32_run(("a", "i")) is None  # not float32
+    assert got.float32_run(("a", "nope")) is None
+    assert got.float32_run(("c",)) is not None
+    _assert_bit_identical(state, got)
+    assert got["a"] is got["a"] and got["a"].data_ptr() == got.buffer.data_ptr()
+    with pytest.raises(KeyError):
+        got["nope"]
+    # The layout remembers at most 16 name lists, whatever a caller asks.
+    for k in range(40):
+        got.float32_run(("a",) * (k + 1))
+    assert len(got._layout.runs) <= 16
 
 
 @pytest.mark.parametrize("is_delta", [False, True])
