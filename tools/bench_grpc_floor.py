@@ -12,6 +12,7 @@ device instead of two calls per round).
     python tools/bench_grpc_floor.py                       # 4.5k-parameter payload, 4 client processes
     python tools/bench_grpc_floor.py --params 940362 --calls 400
     python tools/bench_grpc_floor.py --concurrency 25     # calls in flight per client process
+    python tools/bench_grpc_floor.py --event-loop asyncio # the server on the standard loop (default: uvloop)
 
 The server runs in a child process started with ``spawn`` (gRPC's core does not survive ``fork`` after it started).
 """
@@ -54,8 +55,10 @@ def per_call_us(cpu_before: float, cpu_after: float, calls: int) -> float:
     return 1e6 * (cpu_after - cpu_before) / calls
 
 
-def _serve(port: int, ready: Any, stop: Any) -> None:
+def _serve(port: int, ready: Any, stop: Any, loop: str = "auto") -> None:
     import grpc
+
+    from fedserver import event_loop
 
     async def unary(request: bytes, context: Any) -> bytes:
         return b""
@@ -93,7 +96,7 @@ def _serve(port: int, ready: Any, stop: Any) -> None:
             await asyncio.sleep(0.05)
         await server.stop(0)
 
-    asyncio.run(main())
+    event_loop.run(main, loop)
 
 
 def _drive(port: int, shape: str, calls: int, concurrency: int, payload: int) -> None:
@@ -168,11 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procs", type=int, default=4, help="client processes")
     ap.add_argument("--concurrency", type=int, default=25, help="calls in flight per client process")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats (the median is reported)")
+    ap.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                    help="the server's event loop, as fedserver's server.event_loop (auto: uvloop where installed)")
     args = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
     port = procstat.free_port()
     ready, stop = ctx.Event(), ctx.Event()
-    server = ctx.Process(target=_serve, args=(port, ready, stop), daemon=True)
+    server = ctx.Process(target=_serve, args=(port, ready, stop, args.event_loop), daemon=True)
     server.start()
     if not ready.wait(60) or server.pid is None:
         print("the floor server did not start within 60 s", file=sys.stderr)
@@ -189,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         server.join(10)
     import grpc
 
-    print(f"bare grpc.aio server (grpcio {grpc.__version__}), handlers that do nothing; {args.params:,}-parameter "
+    from fedserver.event_loop import loop_factory
+
+    loop = "asyncio" if loop_factory(args.event_loop) is None else "uvloop"
+    print(f"bare grpc.aio server (grpcio {grpc.__version__}, {loop} event loop), handlers that do nothing; "
+          f"{args.params:,}-parameter "
           f"payload ({payload:,} bytes), {args.procs} client processes x {args.concurrency} calls in flight, "
           f"{args.calls} calls per shape, median of {args.repeats} interleaved repeats; cores: {os.cpu_count()}")
     med: dict[str, float] = {}
