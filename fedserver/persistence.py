@@ -205,7 +205,7 @@ class Persistence:
         if self.store is None:
             return
         body = {
-            "round_state": state.to_dict(),
+            "round_state": state.to_saved(),
             "slots": {name: save() for name, (save, _) in sorted(self._slots.items())},
         }
         start = min(self._saved_history, len(history))
@@ -218,7 +218,7 @@ class Persistence:
         """Record the round machine between snapshots (an abandoned attempt, a stop) so a restart re-runs
         the in-flight round with the same attempt counter."""
         if self.store is not None:
-            self.store.put_progress({"round_state": state.to_dict()})
+            self.store.put_progress({"round_state": state.to_saved()})
 
     def close(self) -> None:
         if self.store is not None:

@@ -93,7 +93,7 @@ def coordinator_state(num_clients: int, completed_rounds: int) -> dict[str, Any]
                            metrics={"num_updates": 10.0, "w_div": 0.01 * r, "delta": 0.2, "update_norm_mean": 1.1,
                                     "update_norm_max": 2.3})
                for r in range(1, completed_rounds + 1)]
-    return {"round_state": state.to_dict(), "history": [h.to_dict() for h in history], "slots": {}}
+    return {"round_state": state.to_saved(), "history": [h.to_dict() for h in history], "slots": {}}
 
 
 def bench_snapshot(args: argparse.Namespace) -> None:

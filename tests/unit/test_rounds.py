@@ -316,6 +316,28 @@ def test_late_uploads_are_counted_apart_from_other_refusals() -> None:
     assert rm.RoundState.from_dict(s.to_dict()).late_total == 2
 
 
+def test_a_snapshot_keeps_what_a_restart_keeps_and_old_snapshots_still_load() -> None:
+    """to_saved() drops each client's liveness (resume resets it): restored from it, or from the full to_dict()
+    an older server saved, the resumed state is the same; a registry entry of another shape is refused."""
+    cfg = RoundsConfig(num_rounds=3, clients_per_round=2)
+    s = _machine(4, cfg)
+    s.clients["c1"].opt_out, s.clients["c2"].attacker, s.clients["c3"].num_samples = True, True, 77
+    s, _ = rm.step(s, rm.UpdateAccepted(s.selected[0], 1, 1.0), cfg, LIMITS)
+    saved = json.loads(json.dumps(s.to_saved()))
+    assert saved["clients"][3] == ["c3", 3, 77, False, False]
+    assert {k: v for k, v in saved.items() if k != "clients"} == {
+        k: v for k, v in s.to_dict().items() if k != "clients"}
+    restored = rm.RoundState.from_dict(saved)
+    assert list(restored.clients) == list(s.clients)
+    assert not any(r.alive or r.ready for r in restored.clients.values())  # liveness unknown until re-join
+    new = rm.resume(restored, completed_rounds=0, config=cfg, now=50.0)
+    old = rm.resume(_through_json(s), completed_rounds=0, config=cfg, now=50.0)
+    assert new == old
+    for bad in ([["c0", 0, 1, False]], [[0, 0, 1, False, False]], "c0"):
+        with pytest.raises(ValueError, match=r"round_state\.clients"):
+            rm.RoundState.from_dict({**saved, "clients": bad})
+
+
 def test_to_dict_equals_asdict_and_copies_what_it_returns() -> None:
     import dataclasses
 
