@@ -28,6 +28,9 @@ from fedguard.v1 import fedguard_pb2 as pb
 
 SERVICE_NAME = "fedguard.v1.Federation"
 MAX_MESSAGE_BYTES = 64 << 20
+# The client pings its connection this often and fails its calls when a ping goes unanswered this long.
+KEEPALIVE_S = 30
+KEEPALIVE_TIMEOUT_S = 10
 
 # gRPC's sync API waits for a reply (or the next message of a stream) in slices of
 # grpc._common.MAXIMUM_WAIT_TIMEOUT (0.1 s) "so that signal handlers run": every blocked call wakes its thread ten
@@ -160,7 +163,11 @@ def _first_insecure(server: str) -> bool:
 
 def open_channel(config: ClientConfig, log: Any = None) -> grpc.Channel:
     opts: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)]
+                                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0),
+                                   # A server that stops answering pings (gone without closing the connection)
+                                   # fails the client's calls within 40 s, not after its long-poll's deadline.
+                                   ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+                                   ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000)]
     if config.insecure:
         if log is not None and _first_insecure(config.server):
             log.warning("security.insecure", server=config.server,

@@ -49,7 +49,7 @@ class HostSpec:
     # The clients' own dataset options (data_dir, ...: what a server never announces).
     data_options: dict[str, Any] = field(default_factory=dict)
     # The longest wait each client asks the server to hold a PullTask (ClientConfig.long_poll_s).
-    long_poll_s: float = 20.0
+    long_poll_s: float = 60.0
     # Pulls and pushes on one Session stream per client (ClientConfig.session_stream); False: the unary calls.
     session_stream: bool = True
 

@@ -27,6 +27,10 @@ from fedserver.persistence import StoreOpener, open_store
 from fedserver.rundir import RunDirLock
 from fedserver.servicer import FederationServicer, add_to_server, set_serving
 
+# The server pings every connection this often, and drops one that does not answer within KEEPALIVE_TIMEOUT_S.
+KEEPALIVE_S = 20
+KEEPALIVE_TIMEOUT_S = 10
+
 
 def grpc_options(config: ServerConfig) -> list[tuple[str, Any]]:
     limit = config.server.max_message_bytes
@@ -36,6 +40,12 @@ def grpc_options(config: ServerConfig) -> list[tuple[str, Any]]:
         ("grpc.so_reuseport", 0),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+        # Liveness of a connection whose clients sit in long-polls, in gRPC's core instead of application re-polls:
+        # a peer that does not answer a ping within 10 s is disconnected (its parked calls end, so it is no longer
+        # counted as connected), whatever server.long_poll_s.
+        ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
+        ("grpc.http2.max_pings_without_data", 0),
     ]
 
 
@@ -162,6 +172,7 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
         ready(port, coord, servicer)
     run = asyncio.ensure_future(coord.run())
     stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    crl_watcher = asyncio.ensure_future(servicer.watch_revocations())
     try:
         done, _ = await asyncio.wait([t for t in (run, stopper) if t is not None],
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -187,6 +198,7 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
             run.cancel()
         return coord.status()
     finally:
+        crl_watcher.cancel()
         if stopper is not None:
             stopper.cancel()
         await set_serving(health, False)

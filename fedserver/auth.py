@@ -80,7 +80,10 @@ def operator_token(security: SecurityConfig) -> str:
 
 class Revocations:
     """The client certificates a CRL (signed by ``security.client_ca``) revokes, re-read when the file changes
-    (looked at no more than once a second); each distinct peer certificate is parsed once (bounded cache)."""
+    (looked at no more than once a second: at a call's check, and by :meth:`refresh` from the server's watcher);
+    each distinct peer certificate is parsed once (bounded cache). ``on_change`` runs when a reload changed the
+    revoked set (the server ends its parked long-polls there, so a revoked client is refused at once instead of
+    after its long-poll)."""
 
     CHECK_EVERY_S = 1.0
     MAX_CACHED = 100_000
@@ -97,6 +100,7 @@ class Revocations:
         self._next_check = 0.0
         self._serial_of: OrderedDict[bytes, int] = OrderedDict()
         self.log = get_logger("fedserver")
+        self.on_change: Callable[[], None] | None = None
         error = self._reload()
         if error:
             raise ConfigError("security.crl", error)
@@ -123,13 +127,25 @@ class Revocations:
         self.log.info("crl.loaded", path=str(self.path), revoked=len(self._serials))
         return ""
 
-    def check(self, auth_context: dict[str, Any]) -> None:
+    def refresh(self) -> bool:
+        """Re-read the CRL if it is time (once per ``CHECK_EVERY_S``) and the file changed; True (after
+        ``on_change``) when the revoked set changed. A CRL that cannot be used keeps the previous list in force."""
         now = self.clock()
-        if now >= self._next_check:
-            self._next_check = now + self.CHECK_EVERY_S
-            error = self._reload()
-            if error:
-                self.log.error("crl.unusable", reason=error, keeping=len(self._serials))
+        if now < self._next_check:
+            return False
+        self._next_check = now + self.CHECK_EVERY_S
+        before = self._serials
+        error = self._reload()
+        if error:
+            self.log.error("crl.unusable", reason=error, keeping=len(self._serials))
+        if self._serials == before:
+            return False
+        if self.on_change is not None:
+            self.on_change()
+        return True
+
+    def check(self, auth_context: dict[str, Any]) -> None:
+        self.refresh()
         pems = auth_context.get("x509_pem_cert", ())
         if not pems:
             raise ProtocolError("UNAUTHENTICATED", "no client certificate")

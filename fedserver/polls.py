@@ -35,6 +35,9 @@ class LongPolls:
         self.log = members.log
         self._parked: dict[str, asyncio.Event] = {}
         self._polling: dict[str, int] = {}
+        # end_parked() bumps it: a poll parked under an older generation is answered with a zero wait.
+        self._generation = 0
+        self._end_reason = ""
 
     def connected(self) -> frozenset[str]:
         """The clients with a poll in progress."""
@@ -46,6 +49,13 @@ class LongPolls:
             parked = self._parked.get(cid)
             if parked is not None:
                 parked.set()
+
+    def end_parked(self, reason: str) -> None:
+        """Answer every parked poll now with a zero wait naming ``reason``: each of those clients polls again at
+        once, and its next call passes the server's checks afresh (a certificate revoked meanwhile is refused)."""
+        self._generation += 1
+        self._end_reason = reason
+        self.wake()
 
     async def pull(self, session: str, max_wait_s: float, declined: bool = False) -> Task | WaitInfo:
         cid = self.members.touch(session)
@@ -81,6 +91,7 @@ class LongPolls:
     async def _wait(self, session: str, cid: str, max_wait_s: float) -> Task | WaitInfo:
         wait = min(max(max_wait_s, 0.0), self.server.long_poll_s)
         deadline = self._clock() + wait
+        generation = self._generation
         while True:
             if self._state().phase == rm.FINISHED:
                 return self._finished(cid)
@@ -101,3 +112,5 @@ class LongPolls:
                 await asyncio.wait_for(parked.wait(), timeout=remaining)
             if session not in self.members.sessions:  # it left or re-joined meanwhile
                 return WaitInfo(0.0, False, "session ended")
+            if self._generation != generation:
+                return WaitInfo(0.0, False, self._end_reason)

@@ -90,6 +90,9 @@ class FederationServicer:
         self.coord = coordinator
         cfg = coordinator.config
         self.auth = Authenticator(cfg.security, run_dir=cfg.server.run_dir)
+        if self.auth.revocations is not None:  # a changed CRL ends the parked polls: their clients are re-checked
+            self.auth.revocations.on_change = lambda: coordinator.polls.end_parked(
+                "the certificate revocation list changed: poll again")
         self.limits = StreamLimits(cfg.server.max_buffered_bytes)
         self.idle_s = cfg.server.stream_idle_timeout_s
         self.log = coordinator.log
@@ -112,6 +115,17 @@ class FederationServicer:
             num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed, nfl_mode=cfg.nfl.mode,
             chunk_bytes=cfg.server.chunk_bytes, nfl_nr=cfg.nfl.nr, nfl_c=cfg.nfl.c,
             recovery_method=cfg.recovery.method, recovery_options=cfg.recovery.options))
+
+    async def watch_revocations(self) -> None:
+        """While serving with a CRL: look for a changed list once per ``Revocations.CHECK_EVERY_S`` even when no
+        call arrives (every client parked in a long-poll), so a revoked client's parked poll is ended within about
+        a second and its next call refused, whatever ``server.long_poll_s``. Returns at once without a CRL."""
+        revocations = self.auth.revocations
+        if revocations is None:
+            return
+        while True:
+            await asyncio.sleep(revocations.CHECK_EVERY_S)
+            revocations.refresh()
 
     async def _refuse(self, context: grpc.aio.ServicerContext, method: str, e: ProtocolError) -> Any:
         self.refused += 1

@@ -200,6 +200,38 @@ def test_wake_sets_only_the_parked_polls_it_names() -> None:
     assert b.is_set()
 
 
+def test_end_parked_answers_a_parked_poll_at_once_with_its_reason() -> None:
+    """A poll parked for a 60 s long-poll is answered with a zero wait as soon as end_parked() is called (a changed
+    CRL): the client polls again and passes the checks afresh."""
+    members, _, _, box = _members()
+    session = members.join("c0", "tok", 1, False, False, "").session_id
+
+    class _Server:
+        heartbeat_interval_s, long_poll_s = 5.0, 60.0
+
+    class _NoTask:
+        def task_for(self, state: rm.RoundState, cid: str, now: float) -> None:
+            return None
+
+    polls = LongPolls(_Server(), members, _NoTask(), lambda: box["s"], lambda o: None,  # type: ignore[arg-type]
+                      lambda: False, lambda: 1.0)
+
+    async def go() -> tuple[object, float]:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        parked = asyncio.ensure_future(polls.pull(session, 60.0))
+        while "c0" not in polls._parked:
+            await asyncio.sleep(0.01)
+        polls.end_parked("the certificate revocation list changed: poll again")
+        return await asyncio.wait_for(parked, 5.0), loop.time() - t0
+
+    got, seconds = asyncio.run(go())
+    assert seconds < 5.0
+    assert got.retry_after_s == 0.0 and not got.finished  # type: ignore[attr-defined]
+    assert got.reason == "the certificate revocation list changed: poll again"  # type: ignore[attr-defined]
+    assert polls.connected() == frozenset()
+
+
 def test_waiting_line_says_it_at_most_every_wait_log_s() -> None:
     log = _Log()
     line = WaitingLine(log, RoundsConfig(clients_per_round=2, sampling_timeout_s=100.0))

@@ -76,11 +76,16 @@ def test_crl_revokes_and_is_reloaded_on_change(tmp_path: Path) -> None:
     revoke(ca, crl, [1])
     now = [0.0]
     rev = Revocations(str(crl), str(tmp_path / "ca.pem"), clock=lambda: now[0])
+    changes: list[float] = []
+    rev.on_change = lambda: changes.append(now[0])
     rev.check({"x509_pem_cert": [bob.cert_pem]})
     from cryptography import x509
 
     revoke(ca, crl, [x509.load_pem_x509_certificate(bob.cert_pem).serial_number])
-    now[0] = 2.0
+    now[0] = 1.5
+    assert rev.refresh() and changes == [1.5]  # found without a call (the server's watcher), on_change told
+    now[0] = 3.0
+    assert not rev.refresh() and changes == [1.5]  # unchanged: not again
     with pytest.raises(ProtocolError, match="revoked"):
         rev.check({"x509_pem_cert": [bob.cert_pem]})
     rev.check({"x509_pem_cert": [alice.cert_pem]})
