@@ -638,8 +638,13 @@ LARGE = (512, 256)  # 165,130 parameters
 
 
 def calibrate(rounds: int, ks: Sequence[int] = (6, 24), idle_clients: int = 200, idle_long_poll: float = 1.0,
-              default_long_poll: float = 20.0) -> Calibration:
-    """Measure every input of the model on this machine now (module docstring) and fit it."""
+              default_long_poll: float | None = None) -> Calibration:
+    """Measure every input of the model on this machine now (module docstring) and fit it; the idle cost is scaled
+    to ``default_long_poll`` (None: the server's default ``server.long_poll_s``)."""
+    if default_long_poll is None:
+        from fedcore.config import ServerSection
+
+        default_long_poll = ServerSection().long_poll_s
     notes: list[str] = []
     runs: list[ShardRun] = []
     for k in ks:
