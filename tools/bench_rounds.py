@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -136,6 +137,13 @@ def idle_report(server: subprocess.Popen[bytes], log: Path, n: int, seconds: flo
           f"{1024 * sum(per_host) / n:.0f} KiB per virtual client (each process's own imports included)")
 
 
+def keep_logs(tmp: Path, dest: Path) -> None:
+    """Copy the run's logs, host specs and run dir from ``tmp`` into ``dest`` (``main`` refuses a ``dest`` that
+    is not empty before the run starts: nothing in it is replaced)."""
+    shutil.copytree(tmp, dest, dirs_exist_ok=True)
+    print(f"logs kept in {dest}", file=sys.stderr)
+
+
 def print_phases(rows: list[dict[str, Any]], k: int) -> None:
     """The median of each phase of the rounds' critical path (their rows' ``timing_seconds``), its share of the
     median round, and the server CPU per client-round."""
@@ -211,10 +219,15 @@ def main() -> int:
                          "and PushUpdate calls (client session_stream = false)")
     ap.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                     help="the server's event loop (server.event_loop; auto: uvloop where installed)")
+    ap.add_argument("--keep-logs", metavar="DIR", type=Path,
+                    help="copy the server's and the client hosts' logs and the run dir into DIR when the run "
+                         "ends (a failed fleet run's evidence; by default they go with the temporary directory)")
     args = ap.parse_args()
     if args.warmup < 1:
         ap.error("--warmup must be >= 1 (the first round's start-up is not a round's cost)")
     n = args.clients or args.k
+    if args.keep_logs is not None and args.keep_logs.exists() and any(args.keep_logs.iterdir()):
+        ap.error(f"--keep-logs {args.keep_logs}: not empty (nothing in it is replaced; name a new directory)")
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
@@ -285,6 +298,8 @@ def main() -> int:
         rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
         failed_tails = [log.read_text().splitlines()[-25:] for log, (code, *_) in zip(client_logs, client_res,
                                                                                       strict=True) if code != 0]
+        if args.keep_logs is not None:
+            keep_logs(Path(tmp), args.keep_logs)
     if rc != 0 or any(code != 0 for code, _, _, _ in client_res):
         print(f"benchmark run failed: server {rc}, clients {[c for c, _, _, _ in client_res]}", file=sys.stderr)
         for tail in failed_tails[:3]:
