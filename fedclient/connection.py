@@ -32,6 +32,11 @@ from fedguard.v1 import fedguard_pb2 as pb
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
 
+# The longest a client waits for its Leave to be taken: a server telling ten thousand clients at once that the
+# federation finished takes seconds to get through their Leaves, and it lingers for them (a server that is gone
+# fails the call at once).
+LEAVE_TIMEOUT_S = 10.0
+
 # A handshake the server closes without naming the check ("Socket closed") counts as a refusal when it happens
 # this many times in a row (a server shutting down closes sockets too).
 HANDSHAKE_CLOSED_REPEATS = 3
@@ -109,11 +114,17 @@ class Connection:
         return self.transport
 
     def leave(self) -> None:
-        """Tell the server this client leaves (best effort, two seconds at most); forget the session."""
+        """Tell the server this client leaves (best effort, :data:`LEAVE_TIMEOUT_S` at most); forget the session.
+        After the federation finished it is the client's acknowledgement: the server lingers until every client's
+        Leave arrived (``fedserver.app.linger``)."""
         if not self.session or self.transport is None:
             return
-        with contextlib.suppress(grpc.RpcError):
-            self.transport.call("Leave", pb.LeaveRequest(session_id=self.session, reason="done"), timeout=2.0)
+        try:
+            self.transport.call("Leave", pb.LeaveRequest(session_id=self.session, reason="done"),
+                                timeout=LEAVE_TIMEOUT_S)
+        except grpc.RpcError as e:  # the server lingers for it (at most its --linger) and names it then
+            self.log.info("client.leave_failed", client_id=self.client_id, code=str(e.code()),
+                          details=shorten(str(e.details()), 200))
         self.session = ""
 
     def set_heartbeat_interval(self, seconds: float) -> None:
@@ -272,4 +283,4 @@ class Connection:
             self._alive_depth -= 1
 
 
-__all__ = ["HANDSHAKE_CLOSED_REPEATS", "RETRYABLE", "Backoff", "Connection"]
+__all__ = ["HANDSHAKE_CLOSED_REPEATS", "LEAVE_TIMEOUT_S", "RETRYABLE", "Backoff", "Connection"]

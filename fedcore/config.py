@@ -121,6 +121,11 @@ class ServerSection:
     # Ceiling on the bytes reserved for partial updates across all clients; admission beyond it answers
     # RESOURCE_EXHAUSTED (the client retries later).
     max_buffered_bytes: int = 4 << 30
+    # Calls that have arrived but the server has not yet taken up (gRPC's backlog of unrequested calls). gRPC's own
+    # default (1,000, with random early cancelling up to 3,000) cancels calls of a fleet that acts at once: ten
+    # thousand devices joining, or leaving when the federation ends, each answered CANCELLED before any check ran.
+    # Beyond this bound a new call is cancelled (the client retries it); each pending call holds a few KiB.
+    max_pending_calls: int = 20_000
     # Longest server-side wait of a PullTask long-poll. Each parked client polls again once per long-poll (the idle
     # fleet's cost: ~0.6 ms of server CPU per re-poll at 10,000 connected); liveness needs no re-poll (gRPC keepalive
     # pings, in C, drop a dead connection within 30 s) and a changed CRL ends the parked polls at once.
@@ -367,6 +372,7 @@ def validate_server_config(c: ServerConfig) -> None:
     require(s.stream_idle_timeout_s > 0, "server.stream_idle_timeout_s",
             f"must be > 0, got {s.stream_idle_timeout_s}")
     require(s.max_buffered_bytes > 0, "server.max_buffered_bytes", f"must be > 0, got {s.max_buffered_bytes}")
+    require(s.max_pending_calls >= 1, "server.max_pending_calls", f"must be >= 1, got {s.max_pending_calls}")
     _check_token(s.token, s.token_file, "server.token")
     require(r.num_rounds >= 1, "rounds.num_rounds", f"must be >= 1, got {r.num_rounds}")
     require(r.clients_per_round >= 1, "rounds.clients_per_round", f"must be >= 1, got {r.clients_per_round}")

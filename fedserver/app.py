@@ -46,6 +46,10 @@ def grpc_options(config: ServerConfig) -> list[tuple[str, Any]]:
         ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
         ("grpc.http2.max_pings_without_data", 0),
+        # The backlog of calls not yet taken up by the event loop: one bound, no random early cancelling below it
+        # (gRPC's default cancels from 1,000 pending calls on: a fleet's Leaves when the federation ends).
+        ("grpc.server.max_pending_requests", config.server.max_pending_calls),
+        ("grpc.server.max_pending_requests_hard_limit", config.server.max_pending_calls),
     ]
 
 
@@ -121,6 +125,23 @@ def guarded(fn: RoundCallback, log: Any) -> Callable[[RoundReport], None]:
     return call
 
 
+async def linger(coord: Coordinator, linger_s: float) -> None:
+    """After the last round: keep answering until every live client has left (a client leaves once it has read
+    that the federation finished, so its Leave says the answer arrived), at most ``linger_s`` seconds; the clients
+    still there then are named (told or not) in ``federation.linger_ended``."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not coord.members.all_left() and loop.time() - start < linger_s:
+        await asyncio.sleep(0.05)
+    told, untold = coord.members.not_left()
+    if told or untold:
+        coord.log.warning("federation.linger_ended", linger_s=linger_s, told_not_left=len(told),
+                          never_told=len(untold), examples=(untold or told)[:5],
+                          reason="these clients had not left when the linger ended: a client told that the "
+                                 "federation finished leaves at once, so each one here either never heard it (it "
+                                 "retries the stopped server until its give_up_after_s) or ended without a Leave")
+
+
 async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, FederationServicer], None] | None = None,
                 stop: asyncio.Event | None = None, linger_s: float = 2.0, fresh: bool = False,
                 on_round_end: RoundCallback | None = None, opener: StoreOpener = open_store) -> FederationStatus:
@@ -134,8 +155,9 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
 
     A federation already in ``config.server.run_dir`` is resumed (``fresh`` moves it aside and starts a new
     one). After the last round the server keeps answering until every live client has been told that the
-    federation finished (at most ``linger_s`` seconds), so that clients leave cleanly. When ``stop`` is set
-    first, the stop is graceful (:meth:`Coordinator.stop`): the status then has ``stopping`` set.
+    federation finished and has left (at most ``linger_s`` seconds; :func:`linger`), so that clients leave
+    cleanly. When ``stop`` is set first, the stop is graceful (:meth:`Coordinator.stop`): the status then has
+    ``stopping`` set.
     """
     # Checks the configuration before anything listens or touches the run dir.
     coord = Coordinator(config, opener=opener)
@@ -187,10 +209,7 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
                     await coord.stop()
                 await asyncio.sleep(min(linger_s, 0.2))
                 raise
-            # Keep answering until every live client has learnt that the federation finished, at most linger_s.
-            deadline = asyncio.get_running_loop().time() + linger_s
-            while not coord.members.all_told_finished() and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)
+            await linger(coord, linger_s)
         else:
             await coord.stop()
             # Polling clients are told to come back later before the port closes.

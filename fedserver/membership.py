@@ -73,6 +73,13 @@ class Membership:
         """``client_id`` was answered that the federation finished."""
         self._told_finished.add(client_id)
 
-    def all_told_finished(self) -> bool:
-        """Every live client has been told that the federation finished (or has left)."""
-        return all(cid in self._told_finished for cid in self._state().alive_ids())
+    def all_left(self) -> bool:
+        """Every client has left: each one told that the federation finished acknowledges it with its Leave (a
+        reply written is not a reply read: the server that stops once it has *written* its last "finished" can
+        cut it off in the transport, and that client then retries a server that is gone)."""
+        return not self._state().alive_ids()
+
+    def not_left(self) -> tuple[list[str], list[str]]:
+        """The live clients that have not left: (told that the federation finished, not told)."""
+        alive = self._state().alive_ids()
+        return ([c for c in alive if c in self._told_finished], [c for c in alive if c not in self._told_finished])

@@ -30,6 +30,7 @@ from fedguard.v1 import fedguard_pb2 as pb
 from fedserver import bounds
 from fedserver.auth import Authenticator, RefusalLog
 from fedserver.coordinator import Coordinator, ProtocolError, Task
+from fedserver.dispatch import WaitInfo
 from fedserver.limits import StreamLimits, return_freed_memory
 
 SERVICE_NAME = "fedguard.v1.Federation"
@@ -365,6 +366,10 @@ class FederationServicer:
             message = None  # nor is the task's (a model inside its header) while the device trains and polls
             if isinstance(res, Task):
                 self.coord.timing.handed_out(cid, res.round)
+            elif isinstance(res, WaitInfo) and res.finished:
+                # Nothing more to exchange: the stream ends here (OK), so the device's close finds it done instead
+                # of resetting it, and the server is spared a cancelled call per device (ten thousand at once).
+                return
 
     async def Heartbeat(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:
         try:

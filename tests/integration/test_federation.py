@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -221,3 +222,85 @@ def test_client_identity_survives_a_restart_through_its_state_dir(tmp_path: Path
     b = FedClient(ClientConfig(state_dir=str(tmp_path / "state")))
     c = FedClient(ClientConfig(state_dir=str(tmp_path / "other")))
     assert a.client_id == b.client_id != c.client_id
+
+
+def test_the_server_stays_until_a_client_told_that_the_federation_finished_has_left(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """"Finished" written is not "finished" read (ten thousand answers queued at once; a host of a thousand clients
+    on two cores): the server stays, within its linger, until the client told has left, then stops at once. A
+    server that stopped once it had *told* every client cut the late reader off, and that client retried a server
+    that was gone until its give_up_after_s, then failed (a 10,000-client run, issue 30)."""
+    cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 1})
+    srv = ServerThread(cfg, linger_s=20.0).start()
+    ch, s = stub(srv.address)
+    try:
+        # Joined, alive, never polled: not selectable, so the round is the worker's alone.
+        late = s.Join(pb.JoinRequest(client_id="late"), timeout=5).session_id
+        worker = _client(srv.address, 0).start()
+        assert worker.join(60).finished
+        (first,) = s.PullTask(pb.PullTaskRequest(session_id=late, max_wait_s=5.0), timeout=10)
+        assert first.wait.finished
+        time.sleep(1.0)  # the answer read late: the old server had stopped ~0.5 s after telling the last client
+        s.Leave(pb.LeaveRequest(session_id=late, reason="done"), timeout=5)
+        t0 = time.monotonic()
+        status = srv.wait(15)
+        assert status is not None and status.finished
+        assert time.monotonic() - t0 < 5.0  # its Leave ended the linger, not the 20 s
+    finally:
+        ch.close()
+        srv.stop()
+    assert "federation.linger_ended" not in capsys.readouterr().err
+
+
+def test_a_client_that_never_leaves_is_named_when_the_linger_ends(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 1})
+    srv = ServerThread(cfg, linger_s=0.5).start()
+    ch, s = stub(srv.address)
+    try:
+        s.Join(pb.JoinRequest(client_id="silent"), timeout=5)
+        assert _client(srv.address, 0).start().join(60).finished
+        status = srv.wait(15)
+        assert status is not None and status.finished
+    finally:
+        ch.close()
+        srv.stop()
+    out = capsys.readouterr()
+    line = next(x for x in (out.out + out.err).splitlines() if "federation.linger_ended" in x)
+    assert "never_told=1" in line and "told_not_left=0" in line and "silent" in line, line
+
+
+@pytest.mark.parametrize("bound", [3, 20_000])
+def test_calls_that_arrive_while_the_server_is_busy_wait_for_it_up_to_max_pending_calls(tmp_path: Path,
+                                                                                         bound: int) -> None:
+    """A fleet acts at once (ten thousand joins; ten thousand Leaves when the federation ends) while the event loop is
+    busy: the calls wait in gRPC's backlog until the loop takes them up. gRPC's own bound (1,000, random early
+    cancelling to 3,000) answered CANCELLED before any check ran (a 10,000-client run: joins retried, Leaves lost);
+    ``server.max_pending_calls`` is the one bound, and below it no call is cancelled."""
+    cfg = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": 1},
+                        server={"max_pending_calls": bound})
+    srv = ServerThread(cfg, linger_s=0.2).start()
+    ch, _ = stub(srv.address)
+    try:
+        h = health_pb2_grpc.HealthStub(ch)
+        h.Check(health_pb2.HealthCheckRequest(), timeout=5)  # connected
+        blocked = threading.Thread(target=srv.call, args=(lambda: time.sleep(1.5),), daemon=True)
+        blocked.start()  # the loop is busy: what arrives now waits in gRPC's backlog
+        time.sleep(0.2)
+        calls = [h.Check.future(health_pb2.HealthCheckRequest(), timeout=20) for _ in range(12)]
+        codes = []
+        for c in calls:
+            try:
+                c.result()
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as e:
+                codes.append(e.code())
+        blocked.join()
+    finally:
+        ch.close()
+        srv.stop()
+    if bound > 12:
+        assert codes == [grpc.StatusCode.OK] * 12
+    else:  # beyond the bound: cancelled by gRPC (the client retries); the first ones waited and were answered
+        assert codes.count(grpc.StatusCode.CANCELLED) >= 12 - bound - 4, codes
+        assert codes.count(grpc.StatusCode.OK) >= 1, codes

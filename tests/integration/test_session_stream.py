@@ -93,7 +93,12 @@ def test_one_stream_carries_every_round_of_a_device(federation) -> None:  # type
             assert reply.WhichOneof("kind") == "pushed" and reply.pushed.accepted
         srv.wait_for_round(round_, timeout=20)
     assert [(r.round, r.accepted, r.rejected) for r in srv.status().history] == [(1, 2, 0), (2, 2, 0)]
-    for ex in streams.values():
+    for name, ex in streams.items():
+        # The federation finished: that answer is the stream's last, and the server ends the stream (OK) itself,
+        # so the device's close finds it done instead of resetting it (no cancelled call per device on the server).
+        wait, _ = ex.pull(sessions[name])
+        assert isinstance(wait, pb.Wait) and wait.finished
+        assert next(ex.replies, None) is None and ex.call.code() == grpc.StatusCode.OK
         ex.close()
 
 

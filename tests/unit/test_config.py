@@ -45,6 +45,7 @@ def test_toml_then_overrides(tmp_path: Path) -> None:
     ("server.heartbeat_patience_s=1", "server.heartbeat_patience_s"),
     ("server.chunk_bytes=10", "server.chunk_bytes"),
     ("server.event_loop='trio'", "server.event_loop"),
+    ("server.max_pending_calls=0", "server.max_pending_calls"),
     ("rounds.bogus=1", "rounds.bogus"),
     ("rounds.num_rounds='ten'", "rounds.num_rounds"),
     ("training.learning_rate=true", "training.learning_rate"),
