@@ -127,17 +127,22 @@ def guarded(fn: RoundCallback, log: Any) -> Callable[[RoundReport], None]:
 
 async def linger(coord: Coordinator, linger_s: float) -> None:
     """After the last round: keep answering until every live client has left (a client leaves once it has read
-    that the federation finished, so its Leave says the answer arrived), at most ``linger_s`` seconds; the clients
-    still there then are named (told or not) in ``federation.linger_ended``."""
+    that the federation finished, so its Leave says the answer arrived), or until none has left for ``linger_s``
+    seconds (a fleet of ten thousand takes seconds to get through its Leaves: the wait is for progress, so it scales
+    with the fleet); the clients still there then are named (told or not) in ``federation.linger_ended``."""
     loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not coord.members.all_left() and loop.time() - start < linger_s:
+    here, progress = coord.members.still_here(), loop.time()
+    while here and loop.time() - progress < linger_s:
         await asyncio.sleep(0.05)
+        now_here = coord.members.still_here()
+        if now_here < here:
+            progress = loop.time()
+        here = now_here
     told, untold = coord.members.not_left()
     if told or untold:
         coord.log.warning("federation.linger_ended", linger_s=linger_s, told_not_left=len(told),
                           never_told=len(untold), examples=(untold or told)[:5],
-                          reason="these clients had not left when the linger ended: a client told that the "
+                          reason=f"no client left for {linger_s:g} s and these had not: a client told that the "
                                  "federation finished leaves at once, so each one here either never heard it (it "
                                  "retries the stopped server until its give_up_after_s) or ended without a Leave")
 
@@ -155,9 +160,9 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
 
     A federation already in ``config.server.run_dir`` is resumed (``fresh`` moves it aside and starts a new
     one). After the last round the server keeps answering until every live client has been told that the
-    federation finished and has left (at most ``linger_s`` seconds; :func:`linger`), so that clients leave
-    cleanly. When ``stop`` is set first, the stop is graceful (:meth:`Coordinator.stop`): the status then has
-    ``stopping`` set.
+    federation finished and has left (until none has left for ``linger_s`` seconds; :func:`linger`), so that
+    clients leave cleanly. When ``stop`` is set first, the stop is graceful (:meth:`Coordinator.stop`): the status
+    then has ``stopping`` set.
     """
     # Checks the configuration before anything listens or touches the run dir.
     coord = Coordinator(config, opener=opener)

@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="[server.log_level]")
     ap.add_argument("--linger", type=float, default=10.0,
                     help="after the last round, keep answering until every live client was told it finished "
-                         "and has left, at most this many seconds")
+                         "and has left, or until none has left for this many seconds")
     ap.add_argument("--fresh", action="store_true",
                     help="start a new federation even if RUN_DIR holds one; the old state is moved to "
                          "RUN_DIR/previous/<time>/, never deleted")

@@ -73,11 +73,11 @@ class Membership:
         """``client_id`` was answered that the federation finished."""
         self._told_finished.add(client_id)
 
-    def all_left(self) -> bool:
-        """Every client has left: each one told that the federation finished acknowledges it with its Leave (a
-        reply written is not a reply read: the server that stops once it has *written* its last "finished" can
-        cut it off in the transport, and that client then retries a server that is gone)."""
-        return not self._state().alive_ids()
+    def still_here(self) -> int:
+        """How many clients have not left: each one told that the federation finished acknowledges it with its
+        Leave (a reply written is not a reply read: the server that stops once it has *written* its last
+        "finished" can cut it off in the transport, and that client then retries a server that is gone)."""
+        return self._state().alive_and_available()[0]
 
     def not_left(self) -> tuple[list[str], list[str]]:
         """The live clients that have not left: (told that the federation finished, not told)."""
