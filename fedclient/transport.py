@@ -73,7 +73,7 @@ def check_own_certificate(pem: bytes, path: str, now: float | None = None) -> No
         cert = x509.load_pem_x509_certificate(pem)
     except ValueError:
         raise ConfigError("cert", f"{path}: not a PEM certificate") from None
-    t = dt.datetime.fromtimestamp(time.time() if now is None else now, dt.timezone.utc)
+    t = dt.datetime.fromtimestamp(time.time() if now is None else now, dt.UTC)
     if cert.not_valid_after_utc < t:
         raise Refused("expired certificate", f"this client's certificate {path} expired on "
                                              f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; issue a new one "

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import math
 import re
-import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +35,6 @@ from fedcore.simulation import SimulationConfig
 from fedcore.train.trainers import TRAINERS, make_trainer
 from fedcore.training_config import TrainingConfig as TrainingConfig  # re-exported
 from fedcore.training_config import validate_training_config as validate_training_config  # re-exported
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 @dataclass

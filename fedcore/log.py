@@ -187,7 +187,7 @@ class _EventFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         shortened = getattr(record, "fedguard_console", None)
         ev = dict(shortened) if isinstance(shortened, dict) else _event_of(record)
-        stamp = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+        stamp = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
         ev["timestamp"] = stamp.isoformat().replace("+00:00", "Z")
         if record.exc_info:
             ev["exc_info"] = record.exc_info

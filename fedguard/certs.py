@@ -133,10 +133,10 @@ class Issued:
 
 def _utc(now: dt.datetime | None) -> dt.datetime:
     if now is None:
-        return dt.datetime.now(dt.timezone.utc)
+        return dt.datetime.now(dt.UTC)
     if now.tzinfo is None:  # naive datetimes are taken as UTC, like cryptography does
-        return now.replace(tzinfo=dt.timezone.utc)
-    return now.astimezone(dt.timezone.utc)
+        return now.replace(tzinfo=dt.UTC)
+    return now.astimezone(dt.UTC)
 
 
 def _check_days(days: int) -> None:
@@ -725,7 +725,7 @@ def _describe(cert: x509.Certificate) -> list[str]:
     if ca == "no":
         with contextlib.suppress(CertError):
             lines.append(f"client id:   {client_identity(cert.public_bytes(serialization.Encoding.PEM))}")
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     after = cert.not_valid_after_utc
     state = " (EXPIRED)" if after < now else (" (NOT YET VALID)" if cert.not_valid_before_utc > now else "")
     lines.append(f"not before:  {cert.not_valid_before_utc.isoformat()}")

@@ -51,30 +51,9 @@ def run(main: Callable[[], Coroutine[Any, Any, T]], choice: str) -> T:
     factory = loop_factory(choice)
     if factory is None:
         return asyncio.run(main())
-    runner = getattr(asyncio, "Runner", None)
-    if runner is not None:  # Python >= 3.11
-        with runner(loop_factory=factory) as r:
-            result: T = r.run(main())
-            return result
-    loop = factory()  # Python 3.10: what asyncio.run does, on the given loop
-    try:
-        asyncio.set_event_loop(loop)
-        return loop.run_until_complete(main())
-    finally:
-        try:
-            _cancel_all(loop)
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-
-def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
-    pending = asyncio.all_tasks(loop)
-    for task in pending:
-        task.cancel()
-    if pending:
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    with asyncio.Runner(loop_factory=factory) as r:
+        result: T = r.run(main())
+        return result
 
 
 def running_loop_name() -> str:

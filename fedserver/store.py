@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -653,7 +653,7 @@ def check_state(state_dir: str | os.PathLike[str], fall_back: bool = False) -> N
 def _new_stamped_dir(parent: Path, prefix: str = "") -> Path:
     """Create ``parent/<prefix><UTC time>`` (``-1``, ``-2``... appended when it exists) and return it."""
     parent.mkdir(parents=True, exist_ok=True)
-    stamp = prefix + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = prefix + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     n = 0
     while True:
         dest = parent / (stamp if n == 0 else f"{stamp}-{n}")

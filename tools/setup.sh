@@ -10,8 +10,8 @@ _root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _base_py="${FEDGUARD_PYTHON:-python3}"
 _pyver="$("$_base_py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
 case "$_pyver" in
-  3.1[0-9]) ;;
-  *) echo "fedguard needs Python >= 3.10, found $_pyver at $(command -v "$_base_py")" >&2; exit 1 ;;
+  3.1[1-9]) ;;
+  *) echo "fedguard needs Python >= 3.11, found $_pyver at $(command -v "$_base_py")" >&2; exit 1 ;;
 esac
 VENV="${FEDGUARD_VENV:-$HOME/.cache/fedguard/venv-py$_pyver}"
 _healthy() {

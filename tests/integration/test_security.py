@@ -102,7 +102,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     good = make_tls_dir(["alice", "bob"], root / "good")
     other = make_tls_dir(["alice"], root / "other")
     ca = read_ca(good)
-    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=10)
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(days=10)
     expired = issue_client_cert(ca, "alice", days=1, now=past)
     write_public(root / "expired.pem", expired.cert_pem)
     write_private(root / "expired.key", expired.key_pem)

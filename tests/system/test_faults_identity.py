@@ -168,7 +168,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     srv = issue_server_cert(ca, ["localhost", "127.0.0.1"])
     write_public(d / "server.pem", srv.cert_pem)
     write_private(d / "server.key", srv.key_pem)
-    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=10)
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(days=10)
     for cid, issued in (("alice", issue_client_cert(ca, "alice")), ("bob", issue_client_cert(ca, "bob")),
                         ("old", issue_client_cert(ca, "old", days=1, now=past))):
         write_public(d / f"{cid}.pem", issued.cert_pem)

@@ -159,7 +159,7 @@ def test_client_identity_falls_back_to_cn_and_refuses_the_rest(ca: Issued) -> No
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
 
     def bare(cn: str, sans: list[x509.GeneralName]) -> bytes:
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
              .issuer_name(ca_cert.subject).public_key(ec.generate_private_key(ec.SECP256R1()).public_key())
              .serial_number(x509.random_serial_number()).not_valid_before(now)
@@ -182,8 +182,8 @@ def test_client_identity_falls_back_to_cn_and_refuses_the_rest(ca: Issued) -> No
 
 
 def test_expired_certificate_via_now(ca: Issued) -> None:
-    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=10)
-    now = dt.datetime.now(dt.timezone.utc)
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(days=10)
+    now = dt.datetime.now(dt.UTC)
     for issued in (issue_client_cert(ca, "late", days=1, now=past), issue_server_cert(ca, ["h"], days=1, now=past),
                    make_ca(days=1, now=past)):
         cert = _cert(issued.cert_pem)
@@ -191,7 +191,7 @@ def test_expired_certificate_via_now(ca: Issued) -> None:
         assert cert.not_valid_before_utc == (past - dt.timedelta(minutes=5)).replace(microsecond=0)
     naive = dt.datetime(2020, 1, 1, 12, 0)  # naive means UTC
     cert = _cert(issue_client_cert(ca, "old", days=2, now=naive).cert_pem)
-    assert cert.not_valid_after_utc == dt.datetime(2020, 1, 3, 12, 0, tzinfo=dt.timezone.utc)
+    assert cert.not_valid_after_utc == dt.datetime(2020, 1, 3, 12, 0, tzinfo=dt.UTC)
 
 
 @pytest.mark.parametrize("bad", BAD_IDS)

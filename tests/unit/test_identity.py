@@ -117,7 +117,7 @@ def test_client_classifies_refusals_and_not_outages() -> None:
 
 def test_own_expired_certificate_is_refused_locally() -> None:
     ca = make_ca()
-    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=10)
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(days=10)
     old = issue_client_cert(ca, "old", days=1, now=past)
     with pytest.raises(Refused, match="expired"):
         check_own_certificate(old.cert_pem, "old.pem")

@@ -7,7 +7,6 @@ An import statement anywhere in a module (top level or inside a function) counts
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -46,10 +45,7 @@ def test_the_wire_package_holds_only_the_contract_signing_and_certificates() -> 
 
 
 def test_the_launcher_and_run_tools_scripts_are_fedlaunch() -> None:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
+    import tomllib
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     for name in ("fedguard-launch", "fedguard-status", "fedguard-export", "fedguard-plot"):
         assert scripts[name].startswith("fedlaunch."), (name, scripts[name])
