@@ -21,6 +21,10 @@ Where a round's time goes: the server writes each round's critical path into its
 snapshot, report; the round and the server's CPU seconds over it); the benchmark prints the median of each phase
 over the timed rounds, its share of the median round, and the server CPU per client-round.
 
+The end of the federation: how many clients acknowledged "finished" with their Leave before the server stopped, and
+how long after the last round it stopped (``federation.linger_ended`` if its linger ran out). ``--keep-logs DIR``
+keeps the server's and the hosts' logs and the run dir.
+
 With ``--clients N`` larger than K, the fleet is N connected clients of which K are selected per round (the
 rest stay parked in their long-polls); the server's CPU seconds per round (user + system, sampled from /proc
 between the first and the last timed round's completion) is the figure to watch on a small machine, where the
@@ -142,6 +146,27 @@ def keep_logs(tmp: Path, dest: Path) -> None:
     is not empty before the run starts: nothing in it is replaced)."""
     shutil.copytree(tmp, dest, dirs_exist_ok=True)
     print(f"logs kept in {dest}", file=sys.stderr)
+
+
+def print_end(events: list[dict[str, Any]], n: int) -> None:
+    """The federation's end (the server log): how many of the ``n`` clients acknowledged "finished" with their Leave
+    before the server stopped, how long that took, and the server's ``federation.linger_ended`` if its linger ran out
+    (docs/protocol.md, "The end of a federation")."""
+    finished = next((e for e in events if e["event"] == "federation.finished"), None)
+    stopped = next((e for e in events if e["event"] == "server.stopped"), None)
+    if finished is None or stopped is None:
+        print("the end: no federation.finished / server.stopped in the server log")
+        return
+    after = False
+    left = 0
+    for e in events:
+        after = after or e is finished
+        left += after and e["event"] == "client.left"
+    ended = next((e for e in events if e["event"] == "federation.linger_ended"), None)
+    lost = (f"the linger ran out: {ended['told_not_left']} told but not left, {ended['never_told']} never told"
+            if ended else "no client lost")
+    print(f"the end: {left:,} of {n:,} clients left after the last round; the server stopped "
+          f"{_stamp(stopped) - _stamp(finished):.1f} s after federation.finished ({lost})")
 
 
 def print_phases(rows: list[dict[str, Any]], k: int) -> None:
@@ -335,6 +360,7 @@ def main() -> int:
           f"{statistics.median(anon):.0f} MiB, max {max(anon):.0f} MiB")
     print_phases(rows[args.warmup:], args.k)
     print_arrivals(events, [int(r["round"]) for r in rows[args.warmup:]])
+    print_end(events, n)
     if args.profile:
         import pstats
 

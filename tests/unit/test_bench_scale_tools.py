@@ -42,12 +42,21 @@ def test_floor_benchmark_runs_every_shape(capsys: pytest.CaptureFixture[str]) ->
 
 
 @pytest.mark.system
-def test_bench_rounds_idle_reports_joins_idle_cpu_and_memory() -> None:
+def test_bench_rounds_idle_reports_joins_idle_cpu_and_memory(tmp_path: Path) -> None:
+    kept = tmp_path / "kept"
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "--clients", "4", "-k", "2",
-                           "--virtual", "--procs", "1", "--rounds", "1", "--idle", "1"],
+                           "--virtual", "--procs", "1", "--rounds", "1", "--idle", "1", "--keep-logs", str(kept)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
+    # Every client acknowledged the end with its Leave before the server stopped (none lost to the shutdown).
+    assert re.search(r"^the end: 4 of 4 clients left after the last round; the server stopped [\d.]+ s after "
+                     r"federation\.finished \(no client lost\)$", out, re.M), out
+    assert (kept / "server.log").is_file() and (kept / "run" / "rounds.jsonl").is_file()
+    assert sorted(p.name for p in kept.glob("clients-*.log")) == ["clients-0.log", "clients-1.log"]
+    again = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "--keep-logs", str(kept)],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert again.returncode == 2 and "not empty" in again.stderr  # kept logs are never overwritten
     assert re.search(r"^3 clients joined in [\d.]+ s", out, re.M), out
     assert re.search(r"idle server with 3 clients connected .*: [\d.]+% of a core", out), out
     assert "client hosts' private memory" in out
