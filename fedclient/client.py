@@ -147,7 +147,7 @@ class FedClient(EmbeddingApi):
             self.connection.session = ""  # a vanished device says nothing: no leave
             self.summary.vanished = True
         finally:
-            self.connection.leave()
+            self.connection.leave(finished=self.summary.finished)
             self.connection.close()
         return self.summary
 

@@ -32,10 +32,12 @@ from fedguard.v1 import fedguard_pb2 as pb
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
 
-# The longest a client waits for its Leave to be taken: a server telling ten thousand clients at once that the
-# federation finished takes seconds to get through their Leaves, and it lingers for them (a server that is gone
-# fails the call at once).
+# The longest a client waits for its Leave to be taken once the federation finished (the Leave then acknowledges
+# "finished"): a server telling ten thousand clients at once takes seconds to get through their Leaves, and it lingers
+# for them (a server that is gone fails the call at once). Any other Leave (a stop, a vanished device's host ending)
+# waits STOP_LEAVE_TIMEOUT_S: an app that stops its client is not kept waiting by a server that does not answer.
 LEAVE_TIMEOUT_S = 10.0
+STOP_LEAVE_TIMEOUT_S = 2.0
 
 # A handshake the server closes without naming the check ("Socket closed") counts as a refusal when it happens
 # this many times in a row (a server shutting down closes sockets too).
@@ -113,16 +115,16 @@ class Connection:
             raise FedClientError("not connected: the client is not running")
         return self.transport
 
-    def leave(self) -> None:
-        """Tell the server this client leaves (best effort, :data:`LEAVE_TIMEOUT_S` at most); forget the session.
-        After the federation finished it is the client's acknowledgement: the server lingers until every client's
-        Leave arrived (``fedserver.app.linger``)."""
+    def leave(self, finished: bool = False) -> None:
+        """Tell the server this client leaves (best effort); forget the session. After the federation ``finished``
+        it is the client's acknowledgement, waited for up to :data:`LEAVE_TIMEOUT_S` (the server lingers until every
+        client's Leave arrived, ``fedserver.app.linger``); otherwise up to :data:`STOP_LEAVE_TIMEOUT_S`."""
         if not self.session or self.transport is None:
             return
         try:
             self.transport.call("Leave", pb.LeaveRequest(session_id=self.session, reason="done"),
-                                timeout=LEAVE_TIMEOUT_S)
-        except grpc.RpcError as e:  # the server lingers for it (at most its --linger) and names it then
+                                timeout=LEAVE_TIMEOUT_S if finished else STOP_LEAVE_TIMEOUT_S)
+        except grpc.RpcError as e:  # after the end the server lingers for it, then names it in linger_ended
             self.log.info("client.leave_failed", client_id=self.client_id, code=str(e.code()),
                           details=shorten(str(e.details()), 200))
         self.session = ""
@@ -283,4 +285,5 @@ class Connection:
             self._alive_depth -= 1
 
 
-__all__ = ["HANDSHAKE_CLOSED_REPEATS", "LEAVE_TIMEOUT_S", "RETRYABLE", "Backoff", "Connection"]
+__all__ = ["HANDSHAKE_CLOSED_REPEATS", "LEAVE_TIMEOUT_S", "RETRYABLE", "STOP_LEAVE_TIMEOUT_S", "Backoff",
+           "Connection"]

@@ -152,3 +152,30 @@ def test_a_channel_pool_shares_one_channel_among_a_hosts_clients() -> None:
     for t in (other, alone):
         t.close()
     assert ChannelPool._key(ClientConfig(server="s:1", ca_cert="ca.pem", cert="c.pem", key="c.key")) is None
+
+
+def test_a_leave_after_the_end_is_waited_for_longer_than_one_on_a_stop() -> None:
+    """After "finished" the Leave is the acknowledgement the server lingers for (up to LEAVE_TIMEOUT_S); a stop
+    before the end keeps the short wait, so an app is not held up by a server that does not answer. A failed Leave
+    forgets the session all the same."""
+    from fedclient.connection import LEAVE_TIMEOUT_S, STOP_LEAVE_TIMEOUT_S
+
+    class _Transport:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, float]] = []
+
+        def call(self, name: str, request: Any, timeout: float) -> None:
+            self.calls.append((name, timeout))
+            raise RpcError(grpc.StatusCode.CANCELLED, "CANCELLED")
+
+    conn, _ = _conn()
+    transport = _Transport()
+    conn.transport = transport  # type: ignore[assignment]
+    conn.session = "s1"
+    conn.leave(finished=True)
+    conn.session = "s2"
+    conn.leave()
+    assert transport.calls == [("Leave", LEAVE_TIMEOUT_S), ("Leave", STOP_LEAVE_TIMEOUT_S)]
+    assert LEAVE_TIMEOUT_S > STOP_LEAVE_TIMEOUT_S and conn.session == ""
+    conn.leave()  # no session: nothing to say
+    assert len(transport.calls) == 2
