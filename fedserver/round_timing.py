@@ -18,7 +18,11 @@ The critical path runs through the *last accepted* update of the round (the one 
 ===============  ==========================================================================================
 
 ``round`` is the whole span (``selection`` start -> the row), ``server_cpu`` the server process's CPU seconds (all
-threads, user + system) over it. A round that closes at its deadline waits between the last upload and the
+threads, user + system) over it. Beside the critical path, how the round's accepted updates spread over it:
+``first_update`` and ``median_update``, seconds from ``round.started`` to the first and the median acceptance (the
+last one is ``hand_out + turnaround + upload``); 0 when none was accepted. They replace counting the per-update
+``update.accepted`` log lines, which are debug-level (one line per client-round is a tenth of the server's CPU at
+scale). A round that closes at its deadline waits between the last upload and the
 aggregation; that wait is in ``round`` only, so the phases sum to at most ``round``. A boundary that was never
 stamped (no update accepted, a test that drives the coordinator's parts directly) takes the one before it: its
 phase reads 0.
@@ -33,6 +37,7 @@ stay in memory (:attr:`RoundTimer.recent`).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -63,14 +68,17 @@ class RoundTiming:
     report_seconds: float
     round_seconds: float
     server_cpu_seconds: float
+    first_update_seconds: float = 0.0
+    median_update_seconds: float = 0.0
 
     @classmethod
     def from_boundaries(cls, round_: int, attempt: int, selected: int, stamps: Sequence[float | None],
-                        cpu_seconds: float) -> RoundTiming:
+                        cpu_seconds: float, accepted_at: Sequence[float] = ()) -> RoundTiming:
         """The record of the ten boundary stamps: selection began, round started, task handed out, upload call,
         update accepted, close began, aggregated, report completed, snapshot saved, row written. A missing (None)
         or earlier-than-the-previous stamp takes the previous boundary, so every phase is >= 0 and they sum to
-        at most the round."""
+        at most the round. ``accepted_at``: the stamps of the round's acceptances in order (the first and the
+        median update)."""
         if len(stamps) != 10 or stamps[0] is None:
             raise ValueError("ten boundary stamps, the first one set")
         b: list[float] = [stamps[0]]
@@ -80,7 +88,10 @@ class RoundTiming:
                    selection_seconds=b[1] - b[0], hand_out_seconds=b[2] - b[1], turnaround_seconds=b[3] - b[2],
                    upload_seconds=b[4] - b[3], aggregation_seconds=b[6] - b[5], snapshot_seconds=b[8] - b[7],
                    report_seconds=(b[7] - b[6]) + (b[9] - b[8]), round_seconds=b[9] - b[0],
-                   server_cpu_seconds=max(0.0, cpu_seconds))
+                   server_cpu_seconds=max(0.0, cpu_seconds),
+                   first_update_seconds=max(0.0, accepted_at[0] - b[1]) if accepted_at else 0.0,
+                   median_update_seconds=(max(0.0, statistics.median(accepted_at) - b[1]) if accepted_at
+                                          else 0.0))
 
     def phases(self) -> dict[str, float]:
         """Phase name (:data:`PHASES`) -> seconds."""
@@ -91,6 +102,8 @@ class RoundTiming:
         out = {p: round(v, DECIMALS) for p, v in self.phases().items()}
         out["round"] = round(self.round_seconds, DECIMALS)
         out["server_cpu"] = round(self.server_cpu_seconds, DECIMALS)
+        out["first_update"] = round(self.first_update_seconds, DECIMALS)
+        out["median_update"] = round(self.median_update_seconds, DECIMALS)
         return out
 
 
@@ -121,6 +134,7 @@ class _Open:
     handed_out: dict[str, float] = field(default_factory=dict)
     upload_began: dict[str, float] = field(default_factory=dict)
     critical: tuple[str, float, float] | None = None  # (client, upload began, accepted) of the last accepted update
+    accepted_at: list[float] = field(default_factory=list)  # every acceptance, in order
     close_began: float | None = None
     aggregated: float | None = None
     reported: float | None = None
@@ -170,6 +184,7 @@ class RoundTimer:
         if o is not None:
             now = self.now()
             o.critical = (client_id, o.upload_began.get(client_id, now), now)
+            o.accepted_at.append(now)
 
     def close_began(self, round_: int) -> None:
         o = self._current(round_)
@@ -203,7 +218,7 @@ class RoundTimer:
             o.round, o.attempt, o.selected,
             [o.selection_began, o.started, o.handed_out.get(client), call, accepted, o.close_began, o.aggregated,
              o.reported, o.snapshotted, written],
-            cpu - o.cpu_began)
+            cpu - o.cpu_began, o.accepted_at)
         self.recent.append(timing)
         self._open = None
         self._sampling_since, self._cpu_since = written, cpu

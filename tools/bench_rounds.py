@@ -200,22 +200,16 @@ def _stamp(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(str(event["timestamp"]).replace("Z", "+00:00")).timestamp()
 
 
-def print_arrivals(events: list[dict[str, Any]], rounds: list[int]) -> None:
-    """How the K accepted updates spread over a round (the server log's ``update.accepted`` lines after the round's
-    last ``round.started``): the first, median and last acceptance after the start, medians over the rounds."""
-    started: dict[int, float] = {}
-    accepted: dict[int, list[float]] = {}
-    for e in events:
-        if e["event"] == "round.started":
-            started[int(e["round"])] = _stamp(e)
-            accepted[int(e["round"])] = []
-        elif e["event"] == "update.accepted" and int(e["round"]) in accepted:
-            accepted[int(e["round"])].append(_stamp(e))
-    spreads = [(min(a) - started[r], statistics.median(a) - started[r], max(a) - started[r])
-               for r in rounds if (a := accepted.get(r))]
-    if spreads:
-        first, mid, last = (statistics.median(s[i] for s in spreads) for i in range(3))
-        print(f"updates accepted after the round's start (server log; medians over rounds): first {first:.4f} s, "
+def print_arrivals(rows: list[dict[str, Any]]) -> None:
+    """How the K accepted updates spread over a round: the first, median and last acceptance after the round's start
+    (the rows' ``timing_seconds``: ``first_update``, ``median_update``, and the critical path's hand-out, turnaround
+    and upload for the last), medians over the rounds."""
+    timings = [t for r in rows if "first_update" in (t := r.get("timing_seconds", {}))]
+    if timings:
+        first = statistics.median(t["first_update"] for t in timings)
+        mid = statistics.median(t["median_update"] for t in timings)
+        last = statistics.median(t["hand_out"] + t["turnaround"] + t["upload"] for t in timings)
+        print(f"updates accepted after the round's start (rounds.jsonl; medians over rounds): first {first:.4f} s, "
               f"median {mid:.4f} s, last {last:.4f} s")
 
 
@@ -359,7 +353,7 @@ def main() -> int:
     print(f"peak private (RssAnon) server: {server_anon:.0f} MiB; client process: median "
           f"{statistics.median(anon):.0f} MiB, max {max(anon):.0f} MiB")
     print_phases(rows[args.warmup:], args.k)
-    print_arrivals(events, [int(r["round"]) for r in rows[args.warmup:]])
+    print_arrivals(rows[args.warmup:])
     print_end(events, n)
     if args.profile:
         import pstats

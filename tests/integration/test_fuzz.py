@@ -267,7 +267,7 @@ class _Capture(logging.Handler):
     """Keeps the server's update verdicts (who was accepted) for the checks, from the records' event dicts."""
 
     def __init__(self, events: list[dict[str, Any]]) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)  # update.accepted is a debug-level event
         self.events = events
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -294,8 +294,9 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.0
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzz]:
     events: list[dict[str, Any]] = []
-    # The server's log lines are rendered (hostile strings go through the renderer) into a buffer, not stderr.
-    configure_logging(level="info", stream=io.StringIO())
+    # The server's log lines are rendered (hostile strings go through the renderer) into a buffer, not stderr; at
+    # debug level, so the per-update verdicts (update.accepted) are there to check.
+    configure_logging(level="debug", stream=io.StringIO())
     capture = _Capture(events)
     logging.getLogger(ROOT_LOGGER).addHandler(capture)
     tmp = tmp_path_factory.mktemp("fuzz")

@@ -72,6 +72,10 @@ def test_bench_rounds_measures_the_unary_calls_on_request() -> None:
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "K = 2 of N = 2 clients (one process each; unary PullTask/PushUpdate calls)" in proc.stdout, proc.stdout
+    # The acceptances' spread comes from the rows' timing (update.accepted is a debug-level log line).
+    m = re.search(r"^updates accepted after the round's start \(rounds\.jsonl; medians over rounds\): "
+                  r"first ([\d.]+) s, median ([\d.]+) s, last ([\d.]+) s$", proc.stdout, re.M)
+    assert m is not None and 0.0 < float(m[1]) <= float(m[2]) <= float(m[3]) + 1e-4, proc.stdout
     assert "server event loop: asyncio" in proc.stdout, proc.stdout
 
 

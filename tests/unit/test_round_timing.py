@@ -69,8 +69,20 @@ def test_a_round_on_the_critical_path_of_its_last_accepted_update() -> None:
     _check(t)
     assert list(timer.recent) == [t]
     assert timer.finish(1) is None         # closed once
+    # The spread of the acceptances: a at +0.009, b at +0.010 after the start (the median of two: their mean).
+    assert (t.first_update_seconds, t.median_update_seconds) == pytest.approx((0.009, 0.0095))
     row = t.row()
-    assert set(row) == {*PHASES, "round", "server_cpu"}
+    assert set(row) == {*PHASES, "round", "server_cpu", "first_update", "median_update"}
+    assert (row["first_update"], row["median_update"]) == pytest.approx((0.009, 0.0095))
+
+
+def test_a_round_without_an_accepted_update_has_no_spread() -> None:
+    clock = FakeClock()
+    timer = RoundTimer(clock, lambda: clock.cpu)
+    timer.started(1, 0, 3)
+    clock.advance(0.5)
+    t = timer.finish(1)
+    assert t is not None and (t.first_update_seconds, t.median_update_seconds) == (0.0, 0.0)
 
 
 def test_missing_or_out_of_order_stamps_give_zero_phases_never_negative() -> None:
