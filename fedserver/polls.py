@@ -108,8 +108,9 @@ class LongPolls:
                 return WaitInfo(0.0, False, "no task for this client yet")
             parked = self._parked.setdefault(cid, asyncio.Event())
             parked.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(parked.wait(), timeout=remaining)
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout, not wait_for: no second task per wait
+                async with asyncio.timeout(remaining):
+                    await parked.wait()
             if session not in self.members.sessions:  # it left or re-joined meanwhile
                 return WaitInfo(0.0, False, "session ended")
             if self._generation != generation:
