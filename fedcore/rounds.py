@@ -386,9 +386,22 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
         s.counts = (s.counts[0] + after[0] - before[0], s.counts[1] + after[1] - before[1])
     if isinstance(obs, Tick):
         _advance(s, obs.now, config, limits, events, check_liveness=obs.liveness, connected=obs.connected)
-    elif not (quiet and s.phase == SAMPLING):
+    elif not (quiet and _nothing_due(s, obs.now, limits)):
         _advance(s, obs.now, config, limits, events)
     return s, events
+
+
+def _nothing_due(s: RoundState, now: float, limits: Limits) -> bool:
+    """Whether :func:`_advance` would change nothing after a quiet contact (a client already alive, and ready if
+    it polled, heard from again). While sampling such a contact adds no available client; while training it can only
+    keep a client owed an update (its ``last_seen`` grows), never close the round, so only the time-driven steps
+    matter: the deadline, and the poll grace's once-per-attempt pass. Skipping the rest keeps the commonest
+    observation O(1) in K (``_advance`` builds the set of the K answered clients: three contacts per client-round,
+    O(K^2) per round otherwise). Aggregating or finished, ``_advance`` does nothing without a Tick."""
+    if s.phase != TRAINING:
+        return True
+    grace = limits.poll_grace_s
+    return now < s.deadline and not (grace and now - s.phase_since >= grace and s.graced != (s.round, s.attempt))
 
 
 def _standing(s: RoundState, client_id: str | None) -> tuple[int, int]:

@@ -423,3 +423,53 @@ def test_a_tick_without_liveness_drops_no_one() -> None:
     assert not any(isinstance(e, rm.ClientDropped) for e in ev) and all(c.alive for c in s.clients.values())
     s, ev = rm.step(s, rm.Tick(100.0), cfg, LIMITS)
     assert sum(isinstance(e, rm.ClientDropped) for e in ev) == 2
+
+
+def test_a_quiet_contact_skips_only_what_would_change_nothing() -> None:
+    """A contact from a client already alive (and ready) skips the round's re-evaluation unless a time-driven step is
+    due (``_nothing_due``): through a seeded random history of 4,000 steps, re-evaluating after every skipped
+    contact changes neither the state nor the events, and the skip is taken (the O(K) pass is saved)."""
+    import copy
+
+    import numpy as np
+
+    cfg = RoundsConfig(num_rounds=60, clients_per_round=4, min_available=6, round_timeout_s=3.0)
+    limits = rm.Limits(heartbeat_patience_s=3.0, poll_grace_s=1.0)
+    rng = np.random.default_rng(11)
+    s, now, skipped = rm.RoundState(), 0.0, 0
+    ids = [f"c{i}" for i in range(10)]
+    for _ in range(4000):
+        now += float(rng.exponential(0.1))
+        cid = ids[int(rng.integers(len(ids)))]
+        kind = int(rng.integers(8))
+        obs: rm.Observation
+        if kind == 0:
+            obs = rm.Joined(cid, now, num_samples=5)
+        elif kind in (1, 2):
+            obs = rm.Seen(cid, now)
+        elif kind == 3:
+            obs = rm.Polled(cid, now)
+        elif kind == 4 and rng.random() < 0.2:
+            obs = rm.Left(cid, now)
+        elif kind == 5 and s.phase == rm.TRAINING and s.selected:
+            obs = rm.UpdateAccepted(s.selected[int(rng.integers(len(s.selected)))], s.round, now)
+        elif kind == 6:
+            obs = rm.Tick(now, liveness=bool(rng.integers(2)))
+        elif s.phase == rm.AGGREGATING:
+            obs = rm.Aggregated(s.round, now)
+        else:
+            obs = rm.Seen(cid, now)
+        rec = s.clients.get(cid)
+        quiet = (isinstance(obs, rm.Seen | rm.Polled) and rec is not None and rec.alive
+                 and (rec.ready or isinstance(obs, rm.Seen)))
+        skip = quiet and rm._nothing_due(s, now, limits)
+        s, _ = rm.step(s, obs, cfg, limits)
+        if skip:
+            skipped += 1
+            again = copy.deepcopy(s)
+            events: list[rm.Event] = []
+            rm._advance(again, now, cfg, limits, events)
+            assert events == [] and again.to_dict() == s.to_dict() and again.graced == s.graced, (obs, events)
+        if s.phase == rm.FINISHED:
+            break
+    assert skipped > 500 and s.round > 5, (skipped, s.round)
