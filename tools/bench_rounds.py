@@ -13,6 +13,7 @@ private part is what each extra process really costs.
     python tools/bench_rounds.py --virtual           # the K clients as threads of one process
     python tools/bench_rounds.py --event-loop asyncio   # the server on the standard loop (default: uvloop)
     python tools/bench_rounds.py --clients 1000 -k 100 --virtual --procs 10 --rounds 10   # a fleet (issue 13)
+    python tools/bench_rounds.py ... --cpu-breakdown cpu.json   # the server's CPU per function, per client-round
     python tools/bench_rounds.py ... --profile server.prof   # where the server's time goes (cProfile: top 25
                                                               # of fedguard's functions, top 12 by internal time)
 
@@ -213,6 +214,20 @@ def print_arrivals(rows: list[dict[str, Any]]) -> None:
               f"median {mid:.4f} s, last {last:.4f} s")
 
 
+def print_cpu_breakdown(sums: dict[str, Any], updates: int) -> None:
+    """``tools/cpu_breakdown.py``'s sums over the whole run (joins and warm-up included), per accepted update."""
+    per = max(1, updates)
+    print(f"server CPU by function, measured in place over the whole run (tools/cpu_breakdown.py; inclusive, nested "
+          f"functions count in each), per client-round ({updates:,} updates accepted):")
+    print(f"  process {sums['process_cpu_ns'] / per / 1000:.1f} µs, its main thread "
+          f"{sums['main_thread_cpu_ns'] / per / 1000:.1f} µs (joins and start-up included)")
+    print(f"  {'function':<36} {'µs/round':>9} {'calls':>6} {'µs/call':>8}")
+    for name, f in sums["functions"].items():
+        if f["calls"]:
+            print(f"  {name:<36} {f['cpu_ns'] / per / 1000:9.1f} {f['calls'] / per:6.2f} "
+                  f"{f['cpu_ns'] / f['calls'] / 1000:8.1f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-k", type=int, default=10)
@@ -226,6 +241,9 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=0, help="fleet size N (default K): N - K stay idle each round")
     ap.add_argument("--procs", type=int, default=1, help="--virtual: client processes the fleet is spread over")
     ap.add_argument("--profile", metavar="FILE", help="run the server under cProfile, save FILE, print the top 25")
+    ap.add_argument("--cpu-breakdown", metavar="FILE", type=Path,
+                    help="run the server under tools/cpu_breakdown.py (each of a few functions' thread CPU, measured "
+                         "in place), save the sums in FILE and print them per client-round")
     ap.add_argument("--idle", type=float, default=0.0, metavar="S",
                     help="hold the fleet's last client back: once the other N - 1 have joined and parked their "
                          "long-polls, report how long the joins took and the server's CPU over S seconds with "
@@ -242,6 +260,8 @@ def main() -> int:
                     help="copy the server's and the client hosts' logs and the run dir into DIR when the run "
                          "ends (a failed fleet run's evidence; by default they go with the temporary directory)")
     args = ap.parse_args()
+    if args.profile and args.cpu_breakdown is not None:
+        ap.error("--profile and --cpu-breakdown each run the server under their own wrapper: choose one")
     if args.warmup < 1:
         ap.error("--warmup must be >= 1 (the first round's start-up is not a round's cost)")
     n = args.clients or args.k
@@ -258,9 +278,12 @@ def main() -> int:
         run_dir = Path(tmp) / "run"
         address = f"127.0.0.1:{free_port()}"
         total = args.rounds + args.warmup
-        profile = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
+        serve = ["-m", "cProfile", "-o", str(Path(args.profile).resolve()), "-m", "fedserver"] if args.profile \
+            else ["-m", "fedserver"]
+        if args.cpu_breakdown is not None:
+            serve = ["-m", "tools.cpu_breakdown", str(args.cpu_breakdown.resolve()), "--"]
         server = subprocess.Popen(
-            [py, *profile, "-m", "fedserver", "--address", address, "--rounds", str(total), "-k", str(args.k),
+            [py, *serve, "--address", address, "--rounds", str(total), "-k", str(args.k),
              "--run-dir", str(run_dir), "--log-json", "--log-level", "info", "--event-loop", args.event_loop,
              # Long enough for every client to hear that the federation finished and leave (10,000 at once).
              "--linger", str(max(10, n // 400)),
@@ -355,6 +378,8 @@ def main() -> int:
     print_phases(rows[args.warmup:], args.k)
     print_arrivals(rows[args.warmup:])
     print_end(events, n)
+    if args.cpu_breakdown is not None:
+        print_cpu_breakdown(json.loads(args.cpu_breakdown.read_text()), sum(int(r["accepted"]) for r in rows))
     if args.profile:
         import pstats
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -66,9 +67,10 @@ def test_bench_rounds_idle_reports_joins_idle_cpu_and_memory(tmp_path: Path) -> 
 
 
 @pytest.mark.system
-def test_bench_rounds_measures_the_unary_calls_on_request() -> None:
+def test_bench_rounds_measures_the_unary_calls_on_request(tmp_path: Path) -> None:
+    sums = tmp_path / "cpu.json"
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "-k", "2", "--rounds", "1",
-                           "--transport", "unary", "--event-loop", "asyncio"],
+                           "--transport", "unary", "--event-loop", "asyncio", "--cpu-breakdown", str(sums)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "K = 2 of N = 2 clients (one process each; unary PullTask/PushUpdate calls)" in proc.stdout, proc.stdout
@@ -76,6 +78,12 @@ def test_bench_rounds_measures_the_unary_calls_on_request() -> None:
     m = re.search(r"^updates accepted after the round's start \(rounds\.jsonl; medians over rounds\): "
                   r"first ([\d.]+) s, median ([\d.]+) s, last ([\d.]+) s$", proc.stdout, re.M)
     assert m is not None and 0.0 < float(m[1]) <= float(m[2]) <= float(m[3]) + 1e-4, proc.stdout
+    # --cpu-breakdown: the server ran under tools/cpu_breakdown.py; every update went through the timed intake once.
+    got = json.loads(sums.read_text())
+    updates = 2 * 2  # K = 2, one warm-up round and one timed
+    assert got["functions"]["UpdateIntake.submit"]["calls"] == updates, got
+    assert 0 < got["functions"]["UpdateIntake.submit"]["cpu_ns"] < got["process_cpu_ns"], got
+    assert re.search(r"^  UpdateIntake\.submit +[\d.]+ +1\.00 +[\d.]+$", proc.stdout, re.M), proc.stdout
     assert "server event loop: asyncio" in proc.stdout, proc.stdout
 
 
