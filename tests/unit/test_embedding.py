@@ -259,3 +259,38 @@ def test_the_library_logs_to_stdlib_loggers_and_configures_nothing(capsys: pytes
     finally:
         lg.removeHandler(keep)
     assert capsys.readouterr().out == ""
+
+
+def test_a_debug_or_info_line_the_stdlib_level_drops_runs_no_processor() -> None:
+    """``debug``/``info`` below the stdlib logger's level return before the event dict is built (what
+    ``filter_by_level`` would decide after it): nothing is processed; at or above the level the line is kept."""
+    import structlog
+
+    from fedcore.log import get_logger
+
+    seen: list[str] = []
+
+    def spy(logger: Any, name: str, event_dict: Any) -> Any:
+        seen.append(str(event_dict["event"]))
+        return event_dict
+
+    lg = logging.getLogger("fedguard.server")
+    keep = _Keep()
+    lg.addHandler(keep)
+    before = lg.level
+    try:
+        log = get_logger("fedserver")
+        log = structlog.wrap_logger(log._logger, processors=[spy, *log._processors],
+                                    wrapper_class=type(log), context_class=dict)
+        lg.setLevel(logging.WARNING)
+        assert log.debug("d", a=1) is None and log.info("i", a=1) is None
+        assert seen == [] and keep.records == []
+        log.warning("w")
+        lg.setLevel(logging.DEBUG)
+        log.bind(x=1).debug("d2")  # a bound logger keeps the class
+        log.info("i2")
+        assert seen == ["w", "d2", "i2"] and [r.levelno for r in keep.records] == [
+            logging.WARNING, logging.DEBUG, logging.INFO]
+    finally:
+        lg.setLevel(before)
+        lg.removeHandler(keep)
