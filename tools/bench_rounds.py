@@ -59,23 +59,24 @@ from tools.procstat import cpu_seconds, free_port, rss_anon_mib  # noqa: E402
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float,
-             cpu_trace: list[tuple[float, float]] | None = None) -> list[tuple[int, float, float, float]]:
+             cpu_trace: list[tuple[float, float, float]] | None = None) -> list[tuple[int, float, float, float]]:
     """Wait for every process; (exit code, peak RSS MiB from wait4, peak RssAnon MiB sampled, CPU seconds user +
-    system from wait4) of each. ``cpu_trace`` collects (wall time, CPU seconds) samples of the first process."""
+    system from wait4) of each. ``cpu_trace`` collects (wall time, CPU seconds of the first process, CPU seconds of
+    the others together) samples while every process runs."""
     deadline = time.monotonic() + timeout
     results: dict[int, tuple[int, float, float]] = {}
     anon = dict.fromkeys(range(len(procs)), 0.0)
     while len(results) < len(procs):
+        if cpu_trace is not None and not results:
+            cpus = [cpu_seconds(p.pid) for p in procs]
+            if all(c is not None for c in cpus):
+                cpu_trace.append((time.time(), cpus[0] or 0.0, sum(c or 0.0 for c in cpus[1:])))
         for i, p in enumerate(procs):
             if i in results:
                 continue
             a = rss_anon_mib(p.pid)
             if a is not None:
                 anon[i] = max(anon[i], a)
-            if i == 0 and cpu_trace is not None:
-                cpu = cpu_seconds(p.pid)
-                if cpu is not None:
-                    cpu_trace.append((time.time(), cpu))
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
             if pid == p.pid:
                 p.returncode = os.waitstatus_to_exitcode(status)
@@ -333,7 +334,7 @@ def main() -> int:
             clients.append(launch(cmds[-1], client_logs[-1]))
         else:
             clients = [launch(c, log) for c, log in zip(cmds, client_logs, strict=True)]
-        trace: list[tuple[float, float]] = []
+        trace: list[tuple[float, float, float]] = []
         (rc, server_rss, server_anon, _), *client_res = wait_all([server, *clients], 900, trace)
         events = [json.loads(line) for line in (Path(tmp) / "server.log").read_text().splitlines()
                   if line.startswith("{")]
@@ -365,12 +366,16 @@ def main() -> int:
     print(f"median seconds per round (start -> aggregated): {statistics.median(per_round):.4f}  "
           f"(min {min(per_round):.4f}, max {max(per_round):.4f})")
     print(f"wall seconds per round (between completions):   {wall:.4f}")
-    def cpu_at(t: float) -> float:
-        return min(trace, key=lambda sample: abs(sample[0] - t))[1]
+    def cpu_at(t: float) -> tuple[float, float, float]:
+        return min(trace, key=lambda sample: abs(sample[0] - t))
 
-    server_cpu = (cpu_at(stamps[-1]) - cpu_at(stamps[0])) / (len(stamps) - 1)
+    server_cpu = (cpu_at(stamps[-1])[1] - cpu_at(stamps[0])[1]) / (len(stamps) - 1)
+    clients_cpu = (cpu_at(stamps[-1])[2] - cpu_at(stamps[0])[2]) / (len(stamps) - 1)
     print(f"server CPU seconds per round (user + system, between completions): {server_cpu:.4f} "
           f"({1000 * server_cpu / args.k:.3f} ms per client-round)")
+    print(f"client processes' CPU seconds per round (all of them, same span): {clients_cpu:.4f} "
+          f"({1000 * clients_cpu / args.k:.3f} ms per client-round); with the server's: "
+          f"{1000 * (server_cpu + clients_cpu):.1f} ms of CPU per round on {os.cpu_count()} cores")
     print(f"peak RSS server: {server_rss:.0f} MiB; client process: median {statistics.median(rss):.0f} MiB, "
           f"max {max(rss):.0f} MiB")
     print(f"peak private (RssAnon) server: {server_anon:.0f} MiB; client process: median "

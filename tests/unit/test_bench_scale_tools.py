@@ -78,6 +78,10 @@ def test_bench_rounds_measures_the_unary_calls_on_request(tmp_path: Path) -> Non
     m = re.search(r"^updates accepted after the round's start \(rounds\.jsonl; medians over rounds\): "
                   r"first ([\d.]+) s, median ([\d.]+) s, last ([\d.]+) s$", proc.stdout, re.M)
     assert m is not None and 0.0 < float(m[1]) <= float(m[2]) <= float(m[3]) + 1e-4, proc.stdout
+    # The clients' CPU beside the server's: what a round costs the machine.
+    line = (r"^client processes' CPU seconds per round \(all of them, same span\): [\d.]+ \([\d.]+ ms per "
+            r"client-round\); with the server's: [\d.]+ ms of CPU per round on \d+ cores$")
+    assert re.search(line, proc.stdout, re.M), proc.stdout
     # --cpu-breakdown: the server ran under tools/cpu_breakdown.py; every update went through the timed intake once.
     got = json.loads(sums.read_text())
     updates = 2 * 2  # K = 2, one warm-up round and one timed
