@@ -215,17 +215,25 @@ def print_arrivals(rows: list[dict[str, Any]]) -> None:
               f"median {mid:.4f} s, last {last:.4f} s")
 
 
-def print_cpu_breakdown(sums: dict[str, Any], updates: int) -> None:
-    """``tools/cpu_breakdown.py``'s sums over the whole run (joins and warm-up included), per accepted update."""
-    per = max(1, updates)
-    print(f"server CPU by function, measured in place over the whole run (tools/cpu_breakdown.py; inclusive, nested "
-          f"functions count in each), per client-round ({updates:,} updates accepted):")
-    print(f"  process {sums['process_cpu_ns'] / per / 1000:.1f} µs, its main thread "
-          f"{sums['main_thread_cpu_ns'] / per / 1000:.1f} µs (joins and start-up included)")
+def client_sums(server_sums: Path) -> Path:
+    """Where ``--cpu-breakdown FILE`` puts the first client's sums (K client processes only)."""
+    return server_sums.with_name(server_sums.stem + ".client" + server_sums.suffix)
+
+
+def print_cpu_breakdown(sums: dict[str, Any], count: int, who: str = "server", per: str = "client-round",
+                        counted: str = "updates accepted") -> None:
+    """``tools/cpu_breakdown.py``'s sums over the whole run (start-up, joins and warm-up included) divided by
+    ``count``: the accepted updates (the server's, per client-round) or the timed rounds (a client's: its warm-up
+    round and start-up are in the sums too, so its figures are an upper bound)."""
+    n = max(1, count)
+    print(f"{who} CPU by function, measured in place over the whole run (tools/cpu_breakdown.py; inclusive, nested "
+          f"functions count in each), per {per} ({count:,} {counted}):")
+    print(f"  process {sums['process_cpu_ns'] / n / 1000:.1f} µs, its main thread "
+          f"{sums['main_thread_cpu_ns'] / n / 1000:.1f} µs (start-up included)")
     print(f"  {'function':<36} {'µs/round':>9} {'calls':>6} {'µs/call':>8}")
     for name, f in sums["functions"].items():
         if f["calls"]:
-            print(f"  {name:<36} {f['cpu_ns'] / per / 1000:9.1f} {f['calls'] / per:6.2f} "
+            print(f"  {name:<36} {f['cpu_ns'] / n / 1000:9.1f} {f['calls'] / n:6.2f} "
                   f"{f['cpu_ns'] / f['calls'] / 1000:8.1f}")
 
 
@@ -308,6 +316,8 @@ def main() -> int:
                      str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure",
                      "--set", f"session_stream={str(args.transport == 'session').lower()}"]
                     for i in range(n)]
+            if args.cpu_breakdown is not None:  # the first client too, beside the server
+                cmds[0][1:3] = ["-m", "tools.cpu_breakdown", str(client_sums(args.cpu_breakdown)), "--client", "--"]
         client_logs = [Path(tmp) / f"clients-{i}.log" for i in range(len(cmds))]
 
         started.append(server)
@@ -385,6 +395,10 @@ def main() -> int:
     print_end(events, n)
     if args.cpu_breakdown is not None:
         print_cpu_breakdown(json.loads(args.cpu_breakdown.read_text()), sum(int(r["accepted"]) for r in rows))
+        if not args.virtual:
+            print_cpu_breakdown(json.loads(client_sums(args.cpu_breakdown).read_text()), len(rows) - args.warmup,
+                                who="client bench-0", per="round", counted="timed rounds; its start-up and warm-up "
+                                                                           "are in the sums")
     if args.profile:
         import pstats
 

@@ -1,6 +1,6 @@
-"""Where a server's CPU goes, per function, measured in place: run ``fedserver`` with each function of
-:data:`FUNCTIONS` wrapped to add up the CPU time of the thread that runs it (``time.thread_time_ns``) and its calls,
-and write the sums as JSON when the server exits.
+"""Where a server's (or a client's) CPU goes, per function, measured in place: run ``fedserver`` (``fedclient``) with
+each function of :data:`FUNCTIONS` (:data:`CLIENT_FUNCTIONS`) wrapped to add up the CPU time of the thread that runs
+it (``time.thread_time_ns``) and its calls, and write the sums as JSON when the process exits.
 
 A sampling profiler misreads an event loop (py-spy counts a thread parked in ``epoll_wait`` as busy unless told
 ``--idle``, and its native mode stops the process for each sample) and cProfile's own cost per call is as large as
@@ -10,6 +10,7 @@ Nested functions are counted in each (inclusive times). ``tools/bench_rounds.py 
 this way and prints the sums per client-round::
 
     python -m tools.cpu_breakdown OUT.json -- --address 127.0.0.1:50051 ...   # fedserver's own arguments after --
+    python -m tools.cpu_breakdown OUT.json --client -- --server 127.0.0.1:50051 ...   # a fedclient's
 
 This is a measuring tool for benchmarks, never part of a deployment: it patches the named functions in the server
 process it starts and nothing else.
@@ -48,6 +49,17 @@ FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("structlog.stdlib", "BoundLogger.info"),
     ("structlog.stdlib", "BoundLogger.debug"),
 )
+# A client's round: the task read, the local round (the received model's evaluation on the test split, the NFL
+# measurement), the state dict's load, the update's frames and the stream's replies.
+CLIENT_FUNCTIONS: tuple[tuple[str, str], ...] = (
+    ("fedclient.runner", "RoundRunner._read_task"),
+    ("fedclient.local_round", "LocalRound.run"),
+    ("fedclient.local_round", "evaluate"),
+    ("torch.nn.modules.module", "Module.load_state_dict"),
+    ("fedclient.runner", "update_frames"),
+    ("fedclient.stream", "SessionStream.reply"),
+    ("fedclient.stream", "SessionStream.send"),
+)
 
 
 def _timed(fn: Callable[..., Any], sums: list[int]) -> Callable[..., Any]:
@@ -79,10 +91,13 @@ def install(functions: tuple[tuple[str, str], ...] = FUNCTIONS) -> dict[str, lis
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 2 or argv[1] != "--":
-        raise SystemExit("usage: python -m tools.cpu_breakdown OUT.json -- FEDSERVER-ARGS...")
+    client = len(argv) > 1 and argv[1] == "--client"
+    rest = argv[2 if client else 1:]
+    if not argv or not rest or rest[0] != "--":
+        raise SystemExit("usage: python -m tools.cpu_breakdown OUT.json [--client] -- FEDSERVER-OR-FEDCLIENT-ARGS...")
     out = Path(argv[0])
-    sums = install()
+    module = "fedclient" if client else "fedserver"
+    sums = install(CLIENT_FUNCTIONS if client else FUNCTIONS)
     main_thread_began = time.thread_time_ns()
     process_began = time.process_time_ns()
 
@@ -94,8 +109,8 @@ def main(argv: list[str]) -> None:
         }, indent=1))
 
     atexit.register(dump)
-    sys.argv = ["fedserver", *argv[2:]]
-    runpy.run_module("fedserver", run_name="__main__", alter_sys=True)
+    sys.argv = [module, *rest[1:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

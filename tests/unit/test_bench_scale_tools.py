@@ -88,6 +88,10 @@ def test_bench_rounds_measures_the_unary_calls_on_request(tmp_path: Path) -> Non
     assert got["functions"]["UpdateIntake.submit"]["calls"] == updates, got
     assert 0 < got["functions"]["UpdateIntake.submit"]["cpu_ns"] < got["process_cpu_ns"], got
     assert re.search(r"^  UpdateIntake\.submit +[\d.]+ +1\.00 +[\d.]+$", proc.stdout, re.M), proc.stdout
+    # ... and the first client under it too: its two rounds, each evaluated once.
+    client = json.loads((tmp_path / "cpu.client.json").read_text())
+    assert client["functions"]["LocalRound.run"]["calls"] == 2 == client["functions"]["evaluate"]["calls"], client
+    assert "client bench-0 CPU by function" in proc.stdout, proc.stdout
     assert "server event loop: asyncio" in proc.stdout, proc.stdout
 
 
