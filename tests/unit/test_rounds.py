@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -356,46 +358,63 @@ def _fresh_counts(s: rm.RoundState) -> tuple[int, int]:
     return len(alive), sum(c.ready for c in alive)
 
 
+def _random_observation(s: rm.RoundState, rng: Any, ids: list[str], now: float) -> tuple[str, rm.Observation]:
+    """The next step of a seeded random history (``rng``: numpy's generator): joins, polls, contacts, declines,
+    leaves, uploads of selected clients, ticks with and without liveness, aggregations; and the client it names."""
+    cid = ids[int(rng.integers(len(ids)))]
+    kind = int(rng.integers(9))
+    obs: rm.Observation
+    if kind == 0:
+        obs = rm.Joined(cid, now, num_samples=5)
+    elif kind in (1, 2):
+        obs = rm.Polled(cid, now)
+    elif kind == 3:
+        obs = rm.Seen(cid, now)
+    elif kind == 4:
+        obs = rm.Declined(cid, now)
+    elif kind == 5:
+        obs = rm.Left(cid, now)
+    elif kind == 6 and s.phase == rm.TRAINING and s.selected:
+        obs = rm.UpdateAccepted(s.selected[int(rng.integers(len(s.selected)))], s.round, now)
+    elif kind == 7:
+        obs = rm.Tick(now, frozenset(ids[:3]), liveness=bool(rng.integers(2)))
+    elif s.phase == rm.AGGREGATING:
+        obs = rm.Aggregated(s.round, now)
+    else:
+        obs = rm.Tick(now, liveness=False)
+    return cid, obs
+
+
+def _random_history(s: rm.RoundState, seed: int, steps: int, mean_gap_s: float, clients: int) -> Iterator[
+    tuple[str, rm.Observation, float]
+]:
+    """(client, observation, now) of a seeded random history over ``s``, which the caller steps in place between
+    them (``rm.step`` updates the state it is given); ends early once the federation finished."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ids = [f"c{i}" for i in range(clients)]
+    now = 0.0
+    for _ in range(steps):
+        now += float(rng.exponential(mean_gap_s))
+        cid, obs = _random_observation(s, rng, ids, now)
+        yield cid, obs, now
+        if s.phase == rm.FINISHED:
+            return
+
+
 def test_counts_kept_by_step_equal_a_fresh_count_through_a_random_history() -> None:
     """The (alive, ready) counts step keeps instead of counting every client per contact stay exact through joins,
     polls, declines, leaves, drops, grace, uploads and round changes (seeded random history of 3,000 steps)."""
-    import numpy as np
-
     cfg = RoundsConfig(num_rounds=50, clients_per_round=4, min_available=6, round_timeout_s=5.0)
     limits = rm.Limits(heartbeat_patience_s=3.0, poll_grace_s=1.0)
-    rng = np.random.default_rng(7)
-    s, now, kept = rm.RoundState(), 0.0, 0
-    ids = [f"c{i}" for i in range(12)]
-    for _ in range(3000):
-        now += float(rng.exponential(0.2))
-        cid = ids[int(rng.integers(len(ids)))]
-        kind = int(rng.integers(9))
-        obs: rm.Observation
-        if kind == 0:
-            obs = rm.Joined(cid, now, num_samples=5)
-        elif kind in (1, 2):
-            obs = rm.Polled(cid, now)
-        elif kind == 3:
-            obs = rm.Seen(cid, now)
-        elif kind == 4:
-            obs = rm.Declined(cid, now)
-        elif kind == 5:
-            obs = rm.Left(cid, now)
-        elif kind == 6 and s.phase == rm.TRAINING and s.selected:
-            obs = rm.UpdateAccepted(s.selected[int(rng.integers(len(s.selected)))], s.round, now)
-        elif kind == 7:
-            obs = rm.Tick(now, frozenset(ids[:3]), liveness=bool(rng.integers(2)))
-        elif s.phase == rm.AGGREGATING:
-            obs = rm.Aggregated(s.round, now)
-        else:
-            obs = rm.Tick(now, liveness=False)
-        s, _ = rm.step(s, obs, cfg, limits)
+    s, kept = rm.RoundState(), 0
+    for _, obs, _ in _random_history(s, seed=7, steps=3000, mean_gap_s=0.2, clients=12):
+        rm.step(s, obs, cfg, limits)
         if s.counts is not None:
             kept += 1
             assert s.counts == _fresh_counts(s), (obs, s.counts)
         assert s.alive_and_available() == _fresh_counts(s)
-        if s.phase == rm.FINISHED:
-            break
     assert kept > 1000  # the kept counts were in use, not recounted every step
     assert s.round > 3  # the history went through rounds
 
@@ -431,45 +450,19 @@ def test_a_quiet_contact_skips_only_what_would_change_nothing() -> None:
     contact changes neither the state nor the events, and the skip is taken (the O(K) pass is saved)."""
     import copy
 
-    import numpy as np
-
     cfg = RoundsConfig(num_rounds=60, clients_per_round=4, min_available=6, round_timeout_s=3.0)
     limits = rm.Limits(heartbeat_patience_s=3.0, poll_grace_s=1.0)
-    rng = np.random.default_rng(11)
-    s, now, skipped = rm.RoundState(), 0.0, 0
-    ids = [f"c{i}" for i in range(10)]
-    for _ in range(4000):
-        now += float(rng.exponential(0.1))
-        cid = ids[int(rng.integers(len(ids)))]
-        kind = int(rng.integers(8))
-        obs: rm.Observation
-        if kind == 0:
-            obs = rm.Joined(cid, now, num_samples=5)
-        elif kind in (1, 2):
-            obs = rm.Seen(cid, now)
-        elif kind == 3:
-            obs = rm.Polled(cid, now)
-        elif kind == 4 and rng.random() < 0.2:
-            obs = rm.Left(cid, now)
-        elif kind == 5 and s.phase == rm.TRAINING and s.selected:
-            obs = rm.UpdateAccepted(s.selected[int(rng.integers(len(s.selected)))], s.round, now)
-        elif kind == 6:
-            obs = rm.Tick(now, liveness=bool(rng.integers(2)))
-        elif s.phase == rm.AGGREGATING:
-            obs = rm.Aggregated(s.round, now)
-        else:
-            obs = rm.Seen(cid, now)
+    s, skipped = rm.RoundState(), 0
+    for cid, obs, now in _random_history(s, seed=11, steps=4000, mean_gap_s=0.1, clients=10):
         rec = s.clients.get(cid)
         quiet = (isinstance(obs, rm.Seen | rm.Polled) and rec is not None and rec.alive
                  and (rec.ready or isinstance(obs, rm.Seen)))
         skip = quiet and rm._nothing_due(s, now, limits)
-        s, _ = rm.step(s, obs, cfg, limits)
+        rm.step(s, obs, cfg, limits)
         if skip:
             skipped += 1
             again = copy.deepcopy(s)
             events: list[rm.Event] = []
             rm._advance(again, now, cfg, limits, events)
             assert events == [] and again.to_dict() == s.to_dict() and again.graced == s.graced, (obs, events)
-        if s.phase == rm.FINISHED:
-            break
     assert skipped > 500 and s.round > 5, (skipped, s.round)
