@@ -270,11 +270,10 @@ class Connection:
         Re-entrant: a block inside another shares its heartbeats (a client mod may keep the device alive around the
         round that keeps it alive itself).
 
-        The heartbeats come from one thread per connection, started by a block and asleep between blocks: entering
-        a block is a notify, not a thread's start, which waits for the new thread to be scheduled (every round's
-        critical path on a busy machine). The thread ends once it has waited a whole heartbeat interval for a block
-        (or at :meth:`close`): a device selected every round keeps it, a host of 10,000 virtual clients each
-        selected now and then does not hold 10,000 idle threads (the process's thread limit)."""
+        The heartbeats come from one thread per connection, started by the first block and asleep between blocks
+        (:meth:`close` ends it): entering a block is a notify, not a thread's start, which waits for the new thread
+        to be scheduled (a round's critical path on a busy machine, and a thousand threads started per round in a
+        host of virtual clients)."""
         with self._alive:
             self._alive_depth += 1
             if self._alive_depth == 1:
@@ -292,17 +291,14 @@ class Connection:
                 self._alive_depth -= 1
 
     def _beats(self, ended: threading.Event) -> None:
-        """The heartbeat thread: one ``Heartbeat`` each interval a block has run without a break; asleep otherwise,
-        for one interval at most. ``ended``: set by :meth:`close` (a later block starts a new thread)."""
+        """The heartbeat thread: one ``Heartbeat`` each interval a block has run without a break; asleep otherwise.
+        ``ended``: set by :meth:`close` (a later block starts a new thread)."""
         with self._alive:
             while not ended.is_set():
                 if self._alive_depth == 0:
                     self._beats_idle = True
-                    woken = self._alive.wait(self.heartbeat_s)
+                    self._alive.wait()
                     self._beats_idle = False
-                    if not woken and self._alive_depth == 0 and self._beats_end is ended:
-                        self._beats_end = None  # idle for an interval: the next block starts a new thread
-                        return
                     continue
                 wait = self._beat_due - time.monotonic()
                 if wait > 0:

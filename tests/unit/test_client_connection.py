@@ -108,28 +108,16 @@ def test_keep_alive_is_reentrant_one_heartbeat_thread() -> None:
     with conn.keep_alive():  # a later block wakes the same thread: none is started per round
         assert threading.active_count() == before + 1
     conn.close()  # ends it
-    _until(lambda: threading.active_count() == before)
-    conn.set_heartbeat_interval(0.1)
-    with conn.keep_alive():
-        assert threading.active_count() == before + 1
-    _until(lambda: threading.active_count() == before)  # idle for an interval, it ends by itself
-    with conn.keep_alive():  # and the next block starts a new one
-        assert threading.active_count() == before + 1
-    conn.close()
-    _until(lambda: threading.active_count() == before)
+    deadline = time.monotonic() + 5.0
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before
     conn.set_heartbeat_interval(float("nan"))
     assert conn.heartbeat_s == 5.0
     conn.set_heartbeat_interval(0.01)
     assert conn.heartbeat_s == 0.1
     conn.set_heartbeat_interval(1e9)
     assert conn.heartbeat_s == 600.0
-
-
-def _until(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert cond()
 
 
 class _Beats:
@@ -160,7 +148,7 @@ def test_heartbeats_come_every_interval_inside_a_block_and_never_between_blocks(
     assert all(b - began >= 0.1 * (i + 1) - 0.01 for i, b in enumerate(beats.at)), [b - began for b in beats.at]
     assert all(b <= ended + 0.05 for b in beats.at)
     n = len(beats.at)
-    time.sleep(0.3)  # between blocks: silence (and the idle thread ends)
+    time.sleep(0.3)  # between blocks: silence
     assert len(beats.at) == n
     for _ in range(20):  # short blocks (a round each), none as long as an interval: no beat
         with conn.keep_alive():
