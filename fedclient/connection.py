@@ -83,11 +83,7 @@ class Connection:
         self.rng = random.Random(client_id)
         self._call_lock = threading.Lock()
         self._inflight: Any = None
-        self._alive = threading.Condition()  # keep_alive's depth and the heartbeat thread's wake-ups
         self._alive_depth = 0
-        self._beat_due = 0.0
-        self._beats_end: threading.Event | None = None  # the heartbeat thread's end (None: no thread)
-        self._beats_idle = False  # the heartbeat thread waits for a block (not for a due beat)
         # The Session stream (pulls and pushes as exchanges on one call), unless configured off, the requests are
         # signed, or the server has none for this client. Opened once the client's first poll is answered (a task,
         # or a wait at the end of its long-poll): a host of thousands of virtual clients does not open thousands of
@@ -108,7 +104,6 @@ class Connection:
         return self.transport
 
     def close(self) -> None:
-        self._end_beats()
         if self._stream is not None:
             self._stream.cancel()
             self._stream = None
@@ -136,10 +131,7 @@ class Connection:
 
     def set_heartbeat_interval(self, seconds: float) -> None:
         """The server's heartbeat interval, bounded to [0.1, 600] s (5 s when it says nothing usable)."""
-        with self._alive:  # a heartbeat thread waiting out the old interval finds the new one now
-            self.heartbeat_s = min(max(seconds, 0.1), 600.0) if math.isfinite(seconds) and seconds > 0 else 5.0
-            self._beat_due = min(self._beat_due, time.monotonic() + self.heartbeat_s)
-            self._alive.notify_all()
+        self.heartbeat_s = min(max(seconds, 0.1), 600.0) if math.isfinite(seconds) and seconds > 0 else 5.0
 
     # ---- the Session stream ----
 
@@ -267,60 +259,30 @@ class Connection:
         """While the block runs (training, the private model, a straggler's delay), tell the server every heartbeat
         interval that the client is alive. Nothing runs outside it: an idle client's liveness is the long-poll it
         holds (the server counts a parked poll as contact), so no thread wakes while the client waits for work.
-        Re-entrant: a block inside another shares its heartbeats (a client mod may keep the device alive around the
-        round that keeps it alive itself).
+        Re-entrant: a block inside another shares its heartbeat thread (a client mod may keep the device alive
+        around the round that keeps it alive itself)."""
+        self._alive_depth += 1
+        if self._alive_depth > 1:
+            try:
+                yield
+            finally:
+                self._alive_depth -= 1
+            return
+        done = threading.Event()
 
-        The heartbeats come from one thread per connection, started by the first block and asleep between blocks
-        (:meth:`close` ends it): entering a block is a notify, not a thread's start, which waits for the new thread
-        to be scheduled (a round's critical path on a busy machine, and a thousand threads started per round in a
-        host of virtual clients)."""
-        with self._alive:
-            self._alive_depth += 1
-            if self._alive_depth == 1:
-                self._beat_due = time.monotonic() + self.heartbeat_s
-                if self._beats_end is None:
-                    self._beats_end = threading.Event()
-                    threading.Thread(target=self._beats, args=(self._beats_end,), name=f"heartbeat-{self.client_id}",
-                                     daemon=True).start()
-                elif self._beats_idle:  # in a timed wait it finds the new due itself (no wake-up per round)
-                    self._alive.notify()
+        def beat() -> None:
+            while not done.wait(self.heartbeat_s) and not self.stop_event.is_set():
+                if self.session and self.transport is not None:
+                    with contextlib.suppress(grpc.RpcError):
+                        self.transport.call("Heartbeat", pb.HeartbeatRequest(session_id=self.session), timeout=5.0)
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{self.client_id}", daemon=True)
+        thread.start()
         try:
             yield
         finally:
-            with self._alive:
-                self._alive_depth -= 1
-
-    def _beats(self, ended: threading.Event) -> None:
-        """The heartbeat thread: one ``Heartbeat`` each interval a block has run without a break; asleep otherwise.
-        ``ended``: set by :meth:`close` (a later block starts a new thread)."""
-        with self._alive:
-            while not ended.is_set():
-                if self._alive_depth == 0:
-                    self._beats_idle = True
-                    self._alive.wait()
-                    self._beats_idle = False
-                    continue
-                wait = self._beat_due - time.monotonic()
-                if wait > 0:
-                    self._alive.wait(wait)
-                    continue
-                self._beat_due = time.monotonic() + self.heartbeat_s
-                session, transport = self.session, self.transport
-                self._alive.release()
-                try:
-                    if session and transport is not None and not self.stop_event.is_set():
-                        # A closed channel (the client ending meanwhile) raises ValueError, not an RpcError.
-                        with contextlib.suppress(grpc.RpcError, ValueError):
-                            transport.call("Heartbeat", pb.HeartbeatRequest(session_id=session), timeout=5.0)
-                finally:
-                    self._alive.acquire()
-
-    def _end_beats(self) -> None:
-        with self._alive:
-            if self._beats_end is not None:
-                self._beats_end.set()
-                self._beats_end = None
-                self._alive.notify_all()
+            done.set()
+            self._alive_depth -= 1
 
 
 __all__ = ["HANDSHAKE_CLOSED_REPEATS", "LEAVE_TIMEOUT_S", "RETRYABLE", "STOP_LEAVE_TIMEOUT_S", "Backoff",
