@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import grpc
 
 from fedclient.errors import FedClientError, FedClientRefused, SessionLost, Stopped
+from fedclient.heartbeats import HEARTBEATS
 from fedclient.stream import WATCHDOG, SessionStream
 from fedclient.transport import ChannelPool, Refused, Transport, classify_unauthenticated, classify_unavailable
 from fedcore.config import ClientConfig, ConfigError
@@ -259,8 +260,9 @@ class Connection:
         """While the block runs (training, the private model, a straggler's delay), tell the server every heartbeat
         interval that the client is alive. Nothing runs outside it: an idle client's liveness is the long-poll it
         holds (the server counts a parked poll as contact), so no thread wakes while the client waits for work.
-        Re-entrant: a block inside another shares its heartbeat thread (a client mod may keep the device alive
-        around the round that keeps it alive itself)."""
+        Re-entrant: a block inside another shares its heartbeats (a client mod may keep the device alive around the
+        round that keeps it alive itself). The beats come from the process's :data:`fedclient.heartbeats.HEARTBEATS`:
+        a block shorter than an interval starts no thread."""
         self._alive_depth += 1
         if self._alive_depth > 1:
             try:
@@ -268,21 +270,18 @@ class Connection:
             finally:
                 self._alive_depth -= 1
             return
-        done = threading.Event()
-
-        def beat() -> None:
-            while not done.wait(self.heartbeat_s) and not self.stop_event.is_set():
-                if self.session and self.transport is not None:
-                    with contextlib.suppress(grpc.RpcError):
-                        self.transport.call("Heartbeat", pb.HeartbeatRequest(session_id=self.session), timeout=5.0)
-
-        thread = threading.Thread(target=beat, name=f"heartbeat-{self.client_id}", daemon=True)
-        thread.start()
         try:
-            yield
+            with HEARTBEATS.armed(lambda: self.heartbeat_s, self._beat):
+                yield
         finally:
-            done.set()
             self._alive_depth -= 1
+
+    def _beat(self) -> None:
+        session, transport = self.session, self.transport
+        if session and transport is not None and not self.stop_event.is_set():
+            # A closed channel (the client ending meanwhile) raises ValueError, not an RpcError.
+            with contextlib.suppress(grpc.RpcError, ValueError):
+                transport.call("Heartbeat", pb.HeartbeatRequest(session_id=session), timeout=5.0)
 
 
 __all__ = ["HANDSHAKE_CLOSED_REPEATS", "LEAVE_TIMEOUT_S", "RETRYABLE", "STOP_LEAVE_TIMEOUT_S", "Backoff",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -10,6 +11,7 @@ import pytest
 
 from fedclient.connection import Connection
 from fedclient.errors import FedClientError, FedClientRefused, SessionLost, Stopped
+from fedclient.heartbeats import HEARTBEATS, Heartbeats
 from fedcore.config import ClientConfig
 from fedcore.log import get_logger
 
@@ -97,13 +99,42 @@ def test_a_stop_ends_the_retries() -> None:
         conn.retrying("pull", _failing())
 
 
-def test_keep_alive_is_reentrant_one_heartbeat_thread() -> None:
+class _Beats:
+    """A transport that records the heartbeats it is asked to send."""
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+
+    def call(self, method: str, request: Any, timeout: float) -> Any:
+        assert method == "Heartbeat" and request.session_id == "s1"
+        self.at.append(time.monotonic())
+
+    def close(self) -> None:
+        pass
+
+
+def test_keep_alive_beats_every_interval_inside_a_block_and_starts_no_thread_for_a_short_one() -> None:
     conn, _ = _conn()
-    before = threading.active_count()
-    with conn.keep_alive():
-        assert threading.active_count() == before + 1
+    beats = _Beats()
+    conn.transport, conn.session = beats, "s1"  # type: ignore[assignment]
+    conn.set_heartbeat_interval(0.1)
+    with conn.keep_alive():  # the process's heartbeat thread exists from here on
+        pass
+    threads, started = threading.active_count(), HEARTBEATS.beats_started
+    for _ in range(50):  # short blocks (a round each): no thread, no beat
         with conn.keep_alive():
-            assert threading.active_count() == before + 1
+            assert threading.active_count() == threads
+        time.sleep(0.002)
+    assert HEARTBEATS.beats_started == started and beats.at == []
+    began = time.monotonic()
+    with conn.keep_alive(), conn.keep_alive():  # re-entrant: one client's beats, not two
+        time.sleep(0.55)
+    # Beats ~0.1 s apart from the block's start (a loaded machine may send one late, never early), one at a time.
+    assert 2 <= len(beats.at) <= 5, [b - began for b in beats.at]
+    assert all(b - began >= 0.1 * (i + 1) - 0.01 for i, b in enumerate(beats.at)), [b - began for b in beats.at]
+    n = len(beats.at)
+    time.sleep(0.3)  # after the block: silence
+    assert len(beats.at) == n
     conn.set_heartbeat_interval(float("nan"))
     assert conn.heartbeat_s == 5.0
     conn.set_heartbeat_interval(0.01)
@@ -179,3 +210,50 @@ def test_a_leave_after_the_end_is_waited_for_longer_than_one_on_a_stop() -> None
     assert LEAVE_TIMEOUT_S > STOP_LEAVE_TIMEOUT_S and conn.session == ""
     conn.leave()  # no session: nothing to say
     assert len(transport.calls) == 2
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_heartbeats_one_thread_for_every_block_a_beat_only_when_a_block_outlasts_its_interval() -> None:
+    clock = _Clock()
+    hb = Heartbeats(clock)
+    sent: list[str] = []
+    gate = threading.Event()
+
+    def beat(name: str) -> Any:
+        def send() -> None:
+            sent.append(name)
+            gate.wait(5.0)  # a beat that hangs
+        return send
+
+    with hb.armed(lambda: 1.0, beat("a")), hb.armed(lambda: 2.0, beat("b")):
+        assert hb.beats_started == 0
+        clock.t = 1.5  # a is due, b not yet
+        with hb._cond:
+            hb._cond.notify()
+        _until(lambda: sent == ["a"])
+        clock.t = 2.6  # a due again while its beat still hangs: not sent twice; b is due
+        with hb._cond:
+            hb._cond.notify()
+        _until(lambda: sorted(sent) == ["a", "b"])
+        time.sleep(0.05)
+        assert sorted(sent) == ["a", "b"] and hb.beats_started == 2
+        gate.set()
+    clock.t = 10.0  # both blocks ended: nothing more is sent
+    with hb._cond:
+        hb._cond.notify()
+    time.sleep(0.05)
+    assert sorted(sent) == ["a", "b"] and hb._heap == []
+
+
+def _until(cond: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cond()
