@@ -83,13 +83,12 @@ def _weight(weight: float, weighted: bool) -> tuple[float, str | None]:
 
 @dataclass(frozen=True)
 class _Received:
-    """What streaming FedAvg keeps of one accepted update (a few numbers and its d-float sketch)."""
+    """What streaming FedAvg keeps of one accepted update besides its d-float sketch: a few numbers."""
 
     key: str
     seq: int
     norm: float
     weight: float
-    sketch: torch.Tensor | None
 
 
 class StreamingFedAvg:
@@ -113,6 +112,12 @@ class StreamingFedAvg:
       exact integers and rounded to float32 once, so it agrees with a float64 reference to float32 rounding.
     - Order: the integer sums are order-independent; the norm statistics and the sketches are reduced in key
       order (ties in arrival order).
+    - Blocks: a small model's updates are validated and range-checked as they arrive (``add`` refuses a bad one
+      at once) and copied into a block of :func:`~fedcore.aggregation.fixedpoint.block_rows` rows (one chunk); a
+      full block, and the last one at ``finalize``, is summed and sketched at once
+      (:meth:`FixedPointSum.add_rows`, :meth:`CountSketch.rows`): bit-identical to adding them one by one, for
+      numpy's per-call cost once per block. A model of more than half a chunk (32,768 parameters) is added as
+      it arrives.
     """
 
     def __init__(
@@ -134,6 +139,10 @@ class StreamingFedAvg:
         self._noise = GaussianNoise(noise_sigma)
         self._sketch = CountSketch(num_params, sketch_dim, sketch_seed) if sketch_dim > 0 else None
         self._received: list[_Received] = []
+        self._sketches: list[torch.Tensor] = []  # S u_i by seq (appended as blocks are flushed)
+        rows = fixedpoint.block_rows(num_params)
+        self._block = torch.empty(rows, num_params, dtype=torch.float32) if rows > 1 else None
+        self._pending: list[float] = []  # the multipliers of the block's filled rows
         self._num_clipped = 0
         self._rejected: list[str] = []
 
@@ -144,6 +153,7 @@ class StreamingFedAvg:
     @property
     def accumulators(self) -> tuple[torch.Tensor, ...]:
         """The ``[P]`` int64 accumulators of the exact sum (their size does not depend on the count)."""
+        self._flush()
         return self._sum.hi, self._sum.lo
 
     def check(self, update: torch.Tensor) -> str | None:
@@ -172,14 +182,33 @@ class StreamingFedAvg:
             reason = FixedPointSum.range_error(max(-float(lo), float(hi)), multiplier)
             if reason is not None:
                 self._reject(reason)
-        self._sum.add(u, multiplier)
         self._num_clipped += scale < 1.0
-        sketch = self._sketch(u) if self._sketch is not None else None
-        self._received.append(_Received(key, len(self._received), norm, w, sketch))
+        self._received.append(_Received(key, len(self._received), norm, w))
+        if self._block is None:
+            self._sum.add(u, multiplier)
+            if self._sketch is not None:
+                self._sketches.append(self._sketch(u))
+            return
+        self._block[len(self._pending)].copy_(u)
+        self._pending.append(multiplier)
+        if len(self._pending) == self._block.shape[0]:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Sum and sketch the block's filled rows (nothing when it is empty)."""
+        n = len(self._pending)
+        if n == 0 or self._block is None:
+            return
+        rows = self._block[:n]
+        self._sum.add_rows(rows, self._pending)
+        if self._sketch is not None:
+            self._sketches.extend(self._sketch.rows(rows).unbind(0))
+        self._pending = []
 
     def finalize(self, global_flat: torch.Tensor, generator: torch.Generator | None = None) -> AggregationResult:
         if self.count == 0:
             raise TooFewUpdatesError("no updates to aggregate")
+        self._flush()
         received = sorted(self._received, key=lambda r: (r.key, r.seq))
         total_weight = math.fsum(r.weight for r in received)  # correctly rounded: order-independent
         mean = self._sum.value(total_weight)
@@ -197,8 +226,8 @@ class StreamingFedAvg:
             "max_weight_share": max(r.weight for r in received) / total_weight,
         }
         if self._sketch is not None:
-            sketches = [r.sketch for r in received if r.sketch is not None]
-            w_div = sketched_weight_divergence(torch.stack(sketches), self._sketch(step))
+            sketches = torch.stack([self._sketches[r.seq] for r in received])
+            w_div = sketched_weight_divergence(sketches, self._sketch(step))
             metrics.update({"w_div": w_div, "delta": w_div - noise.noise_norm, "w_div_exact": 0.0})
         return AggregationResult(global_flat + step.to(global_flat.dtype), metrics, rejected=list(self._rejected))
 

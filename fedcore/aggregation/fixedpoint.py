@@ -34,6 +34,10 @@ float32 once. For a weighted mean (divisor ``Σ w_i``) the fixed-point error is 
 Cost: 16 bytes per coordinate whatever the number of adds, plus a cache-sized float64 scratch; an add is
 eight vectorized numpy passes over cache-sized column chunks (numpy: its int64 arithmetic wraps by
 definition, and its ufuncs release the GIL, so a second worker thread can take half of the columns).
+:meth:`FixedPointSum.add_rows` adds a block of small vectors in the same eight passes (:func:`block_rows` of them
+fill one chunk): the same terms rounded the same way, summed per coordinate in the same modular integers, so the
+accumulators are bit-identical to the adds one by one, and a model of a few thousand parameters pays numpy's
+per-call cost once per block instead of once per update.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ RESOLUTION = 2.0 ** -(A + B)
 # Columns per chunk of an add: the two float64 scratch vectors (2 * 512 KiB) stay in cache, and numpy's
 # per-call overhead is small next to the chunk's work.
 CHUNK = 1 << 16
+# Vectors added at once by add_rows (streaming FedAvg's block), at most: a block of small updates fills one chunk.
+MAX_BLOCK_ROWS = 64
 # Threads an add splits its columns over, at most (the work is bound by memory bandwidth beyond a few).
 MAX_WORKERS = 4
 # Chunk-sized float64/int64 scratch vectors, at most: 2 per add worker, plus 5 while value() runs.
@@ -69,6 +75,17 @@ _SCALE_LO = 2.0 ** -(A + B)
 _LO_MASK = (1 << B) - 1
 
 _pool: ThreadPoolExecutor | None = None
+
+
+def block_rows(num_params: int) -> int:
+    """How many ``[num_params]`` vectors fill one chunk (at most :data:`MAX_BLOCK_ROWS`): the block streaming
+    FedAvg gathers and adds with :meth:`FixedPointSum.add_rows`; 1 (no block) for more than half a chunk."""
+    return max(1, min(MAX_BLOCK_ROWS, CHUNK // max(num_params, 1)))
+
+
+def scratch_len(num_params: int) -> int:
+    """Float64 values per scratch vector: a chunk, or a block of :func:`block_rows` vectors when that is less."""
+    return min(CHUNK, max(num_params, 1) * block_rows(num_params))
 
 
 def _bits(x: float) -> int:
@@ -123,7 +140,7 @@ class FixedPointSum:
         n_chunks = max(1, -(-num_params // CHUNK))
         want = torch.get_num_threads() if workers is None else workers
         self.workers = max(1, min(want, n_chunks, MAX_WORKERS))
-        size = min(CHUNK, max(num_params, 1))
+        size = scratch_len(num_params)
         self._scratch: list[Scratch] = [(np.empty(size), np.empty(size)) for _ in range(self.workers)]
 
     @property
@@ -164,6 +181,34 @@ class FixedPointSum:
             for f in futures:
                 f.result()
         self.count += 1
+
+    def add_rows(self, rows: torch.Tensor, multipliers: list[float]) -> None:
+        """Add ``multipliers[i] * rows[i]`` for every row of the float32 ``[n, P]`` block (each term within
+        ``ADD_LIMIT``, as for :meth:`add`): the same accumulators, bit for bit, as ``n`` calls of :meth:`add`.
+        A block that fits the scratch (``n * P`` values, at most :func:`block_rows` rows of a small model) is
+        added in one set of passes; a larger one row by row."""
+        n = len(multipliers)
+        p = self.num_params
+        if rows.dtype != torch.float32 or rows.shape != (n, p):
+            raise ValueError(f"expected a float32 tensor of shape ({n}, {p}), got {rows.dtype} {tuple(rows.shape)}")
+        if self.count + n > MAX_UPDATES:
+            raise ValueError(f"exact aggregation holds at most {MAX_UPDATES} updates")
+        x_buf, t_buf = self._scratch[0]
+        if n * p > x_buf.size:
+            for i in range(n):
+                self.add(rows[i], multipliers[i])
+            return
+        rn = rows.detach().contiguous().numpy()
+        x, t = x_buf[: n * p].reshape(n, p), t_buf[: n * p].reshape(n, p)
+        np.copyto(x, rn)
+        np.multiply(x, np.asarray(multipliers, dtype=np.float64).reshape(n, 1), out=x)  # c = float64(u) * m
+        np.add(x, _MAGIC_HI, out=t)
+        np.add(self._hi, t.view(np.uint64).sum(axis=0, dtype=np.uint64), out=self._hi)  # mod 2^64, any order
+        np.subtract(t, _MAGIC_HI, out=t)
+        np.subtract(x, t, out=x)
+        np.add(x, _MAGIC_LO, out=x)
+        np.add(self._lo, x.view(np.uint64).sum(axis=0, dtype=np.uint64), out=self._lo)
+        self.count += n
 
     def _add_range(self, un: npt.NDArray[np.float32], m: float, start: int, stop: int, scratch: Scratch) -> None:
         x_buf, t_buf = scratch

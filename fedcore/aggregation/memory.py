@@ -73,15 +73,18 @@ def estimate_memory(config: AggregationConfig, k: int, num_params: int) -> Memor
                                 4 * p * F32, f"4*P*4 = 4*{p}*4 B"))
         return MemoryEstimate(config.rule, False, tuple(items))
     items.append(MemoryItem("the exact running sum (two int64 accumulators)", 2 * p * I64, f"2*P*8 = 2*{p}*8 B"))
-    chunk = min(fixedpoint.CHUNK, max(p, 1))
+    chunk = fixedpoint.scratch_len(p)
     vecs = fixedpoint.SCRATCH_VECTORS
     items.append(MemoryItem("the fixed-point chunk scratch (add workers and finalize)", vecs * chunk * F64,
                             f"{vecs}*{chunk}*8 B"))
+    rows = fixedpoint.block_rows(p)
+    if rows > 1:
+        items.append(MemoryItem("the block of updates summed at once", rows * p * F32, f"B*P*4 = {rows}*{p}*4 B"))
     if config.sketch_dim:
         d = config.sketch_dim
         items.append(MemoryItem("the w_div sketch signs", p * F32, f"P*4 = {p}*4 B"))
         scratch = min(p, max(SKETCH_MIN_ROWS, SKETCH_SCRATCH_ELEMS // d) * d)
-        items.append(MemoryItem("the sketch scratch", scratch * F32, f"{scratch}*4 B"))
+        items.append(MemoryItem("the sketch scratch", rows * scratch * F32, f"B*{scratch}*4 B"))
         items.append(MemoryItem("the per-update sketches", k * d * F64, f"K*d*8 = {k}*{d}*8 B"))
     items.append(MemoryItem("finalize vectors (mean step, noisy step, new global)",
                             3 * p * F32, f"3*P*4 = 3*{p}*4 B"))

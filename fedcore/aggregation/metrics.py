@@ -105,6 +105,26 @@ class CountSketch:
             out[:tail] += xn[full:] * signs[full:]
         return torch.from_numpy(out)
 
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Sketches of the rows of ``x`` ([n, P]) as float64 [n, d]: row i is bit-identical to ``self(x[i])``
+        (the same steps, each summed per bucket in float32 in the same order, then added in float64), for numpy's
+        per-call cost once per block. Temporary: ``n`` times a step's float32 values."""
+        if x.dim() != 2 or x.shape[1] != self.num_params:
+            raise ValueError(f"expected shape (n, {self.num_params}), got {tuple(x.shape)}")
+        n, full, d = int(x.shape[0]), self._full, self.dim
+        xn = x.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+        signs = self.signs.numpy()
+        out = np.zeros((n, d), dtype=np.float64)
+        step = self.rows_per_step * d
+        for start in range(0, full, step):
+            stop = min(start + step, full)
+            t = np.multiply(xn[:, start:stop], signs[start:stop])
+            np.add(out, t.reshape(n, -1, d).sum(axis=1), out=out)
+        tail = self.num_params - full
+        if tail:
+            out[:, :tail] += xn[:, full:] * signs[full:]
+        return torch.from_numpy(out)
+
 
 def sketched_weight_divergence(sketches: torch.Tensor, step_sketch: torch.Tensor) -> float:
     """Estimate of ``(1/n) Σ ||u_i - g||`` from ``S u_i`` (rows of ``[n, d]``) and ``S g``."""

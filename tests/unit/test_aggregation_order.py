@@ -22,6 +22,7 @@ from fedcore.aggregation import (
     make_aggregator,
 )
 from fedcore.aggregation.base import permute_rows_
+from fedcore.aggregation.metrics import CountSketch
 from fedcore.aggregation.steps import Clip, Validate
 
 K, P = 9, 257
@@ -253,3 +254,60 @@ def test_streaming_memory_does_not_grow_with_k() -> None:
     assert shapes == {(((P,), torch.int64), ((P,), torch.int64))} and nbytes == {2 * 8 * P}
     est = [estimate_memory(AggregationConfig(sketch_dim=0), k, 10**6).total_bytes for k in (10, 10_000)]
     assert est[0] == est[1]
+
+
+@pytest.mark.parametrize("p", [4, 257, 4554, 3 * fixedpoint.CHUNK // 4])
+def test_a_block_of_adds_leaves_the_accumulators_of_the_adds_one_by_one(p: int) -> None:
+    rows, weights, _ = _updates(5, k=fixedpoint.block_rows(p) + 3, p=p)
+    multipliers = [w * s for w, s in zip(weights, [1.0, 0.37, 1.0, 2.0**-20] * len(weights), strict=False)]
+    one_by_one = fixedpoint.FixedPointSum(p, workers=1)
+    for r, m in zip(rows, multipliers, strict=True):
+        one_by_one.add(r, m)
+    blocks = fixedpoint.FixedPointSum(p, workers=1)
+    n = fixedpoint.block_rows(p)
+    for start in range(0, len(rows), n):  # full blocks, then a partial one
+        blocks.add_rows(torch.stack(rows[start:start + n]), multipliers[start:start + n])
+    whole = fixedpoint.FixedPointSum(p, workers=1)
+    whole.add_rows(torch.stack(rows), multipliers)  # more than fits the scratch: row by row
+    for acc in (blocks, whole):
+        assert acc.count == len(rows)
+        assert torch.equal(acc.hi, one_by_one.hi) and torch.equal(acc.lo, one_by_one.lo)
+        assert torch.equal(acc.value(7.0), one_by_one.value(7.0))
+    with pytest.raises(ValueError, match="expected a float32 tensor of shape"):
+        blocks.add_rows(torch.stack(rows[:2]).double(), multipliers[:2])
+
+
+def test_block_rows_fill_one_chunk_and_a_large_model_has_no_block() -> None:
+    assert fixedpoint.block_rows(4) == fixedpoint.MAX_BLOCK_ROWS
+    assert fixedpoint.block_rows(4554) == fixedpoint.CHUNK // 4554 == 14
+    assert fixedpoint.block_rows(fixedpoint.CHUNK // 2 + 1) == 1
+    assert fixedpoint.scratch_len(4554) == 14 * 4554 and fixedpoint.scratch_len(10**6) == fixedpoint.CHUNK
+
+
+@pytest.mark.parametrize(("p", "d"), [(4554, 4093), (20_207, 101), (300_000, 101), (50, 7)])
+def test_a_block_of_sketches_is_the_sketches_one_by_one(p: int, d: int) -> None:
+    sketch = CountSketch(p, d, seed=3)
+    rows, _, _ = _updates(6, k=3, p=p)
+    block = sketch.rows(torch.stack(rows))
+    assert block.dtype == torch.float64 and block.shape == (3, d)
+    for i, r in enumerate(rows):
+        assert torch.equal(block[i], sketch(r))  # bit-identical: the same float32 steps in the same order
+
+
+@pytest.mark.parametrize("p", [257, 4554])
+def test_streaming_fedavg_in_blocks_is_bit_identical_to_row_by_row(p: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    k = 2 * fixedpoint.block_rows(p) + 5  # two full blocks and a partial one
+    rows, weights, keys = _updates(9, k=k, p=p)
+    order = random.Random(4).sample(range(k), k)
+
+    def run() -> AggregationResult:
+        agg = StreamingFedAvg(p, clip_norm=40.0, noise_sigma=0.01, sketch_dim=101, workers=1)
+        for i in order:
+            agg.add(rows[i], weights[i], key=keys[i])
+        return agg.finalize(torch.zeros(p), torch.Generator().manual_seed(7))
+
+    blocked = run()
+    monkeypatch.setattr(fixedpoint, "block_rows", lambda num_params: 1)
+    reference = run()
+    assert torch.equal(blocked.new_global, reference.new_global)
+    assert _same_metrics(blocked.metrics, reference.metrics) and blocked.metrics["num_clipped"] > 0
