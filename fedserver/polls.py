@@ -58,11 +58,15 @@ class LongPolls:
         self.wake()
 
     async def pull(self, session: str, max_wait_s: float, declined: bool = False) -> Task | WaitInfo:
-        cid = self.members.touch(session)
+        # One observation says the client was heard from: Polled (alive, last seen, ready) when it becomes ready,
+        # Declined for a decline, Seen otherwise -- not a Seen first and then the poll's (one fewer per round).
+        cid = self.members.client_of(session)
         if declined:
             return self._declined(cid)
         if not self._state().clients[cid].ready and not self._stopping():
             self._observe(rm.Polled(cid, self._clock()))
+        else:
+            self._observe(rm.Seen(cid, self._clock()))
         self._polling[cid] = self._polling.get(cid, 0) + 1
         try:
             return await self._wait(session, cid, max_wait_s)
@@ -81,6 +85,7 @@ class LongPolls:
         It is told to check again within a heartbeat interval (its decline poll keeps it alive)."""
         s = self._state()
         if s.phase == rm.FINISHED:
+            self._observe(rm.Seen(cid, self._clock()))
             return self._finished(cid)
         rec = s.clients.get(cid)
         if rec is not None and (rec.ready or (cid in s.selected and cid not in s.declined)):

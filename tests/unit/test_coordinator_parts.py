@@ -191,6 +191,38 @@ def test_a_poll_is_answered_finished_and_recorded_as_told() -> None:
     assert members.not_left() == (["c0"], []) and polls.connected() == frozenset()
 
 
+def test_a_pull_is_one_observation_of_the_client() -> None:
+    """A pull says the client was heard from once: Polled when it becomes ready, Seen when it already was, Declined
+    for a decline (not a Seen first and then the poll's own); an unknown session is refused with none."""
+    members, seen, _, box = _members()
+    session = members.join("c0", "tok", 1, False, False, "").session_id
+
+    class _Server:
+        heartbeat_interval_s, long_poll_s = 5.0, 0.0
+
+    class _NoTask:
+        def task_for(self, state: rm.RoundState, cid: str, now: float) -> None:
+            return None
+
+    polls = LongPolls(_Server(), members, _NoTask(), lambda: box["s"], members._observe,  # type: ignore[arg-type]
+                      lambda: False, lambda: 1.0)
+
+    def kinds(session: str, declined: bool = False) -> list[str]:
+        del seen[:]
+        asyncio.run(polls.pull(session, 0.0, declined))
+        return [type(o).__name__ for o in seen]
+
+    assert kinds(session) == ["Polled"] and box["s"].clients["c0"].ready
+    assert kinds(session) == ["Seen"]
+    assert kinds(session, declined=True) == ["Declined"] and not box["s"].clients["c0"].ready
+    del seen[:]
+    with pytest.raises(ProtocolError) as e:
+        asyncio.run(polls.pull("not-a-session", 0.0))
+    assert e.value.code == "UNAUTHENTICATED" and seen == []
+    box["s"] = replace(box["s"], phase=rm.FINISHED, outcome="completed")
+    assert kinds(session, declined=True) == ["Seen"]
+
+
 def test_wake_sets_only_the_parked_polls_it_names() -> None:
     members, _, _, box = _members()
     polls = LongPolls(object(), members, object(), lambda: box["s"], lambda o: None,  # type: ignore[arg-type]
