@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         config.torch_threads = threads_per_process(client_processes())
     configure_logging(json=config.log_json, level=config.log_level)
     from fedclient.client import FedClient, FedClientError, FedClientRefused
+    from fedcore.startup_gc import freeze_startup_objects
 
     try:
         client = FedClient(config, model=args.model)
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    freeze_startup_objects()  # the imports, the model and the data live as long as the process
     try:
         summary = client.run()
     except FedClientRefused as e:  # a TLS handshake or authentication check failed: retrying cannot help

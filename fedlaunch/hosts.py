@@ -83,6 +83,7 @@ def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
     from fedcore.config import from_dict
     from fedcore.log import configure_logging
     from fedcore.simulation import SimulationConfig
+    from fedcore.startup_gc import freeze_startup_objects
 
     torch.set_num_threads(max(1, spec.torch_threads))
     configure_logging(json=True, level="warning")
@@ -110,6 +111,7 @@ def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
                                           attack=attack if i in spec.attackers else AttackConfig(),
                                           **client_tls_options(tls_dir, client_id(i)), **named))
                    for i in range(spec.first, spec.first + spec.count)]
+        freeze_startup_objects()  # the imports and every client's model and data live as long as the process
         channels = ChannelPool()  # one channel and completion-queue thread per host, not per client
         for c in clients:
             c.connection.channels = channels

@@ -208,8 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         from fedserver.corelog import capture_handshake_failures
 
         capture_handshake_failures(get_logger("fedserver"))
+    from fedcore.startup_gc import freeze_startup_objects
     from fedserver import event_loop
     from fedserver.app import serve
+
+    def serving(*_: object) -> None:
+        freeze_startup_objects()  # the imports, the model and the restored state live as long as the process
 
     async def go() -> FederationStatus | Exception:
         stop = asyncio.Event()
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            return await serve(config, stop=stop, linger_s=args.linger, fresh=args.fresh)
+            return await serve(config, stop=stop, linger_s=args.linger, fresh=args.fresh, ready=serving)
         except (ConfigError, StoreError, RunDirLocked, OSError) as e:
             # Returned, not raised: the event loop then winds down gRPC's own tasks as after a normal stop
             # (an exception escaping asyncio.run leaves them to print CancelledError tracebacks).

@@ -45,7 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -237,6 +237,13 @@ def print_cpu_breakdown(sums: dict[str, Any], count: int, who: str = "server", p
                   f"{f['cpu_ns'] / f['calls'] / 1000:8.1f}")
 
 
+def _pinned(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that restricts the child to ``cpus`` (None: no restriction)."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-k", type=int, default=10)
@@ -265,6 +272,10 @@ def main() -> int:
                          "and PushUpdate calls (client session_stream = false)")
     ap.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                     help="the server's event loop (server.event_loop; auto: uvloop where installed)")
+    ap.add_argument("--pin-server", action="store_true",
+                    help="run the server on one CPU of its own and every client process on the others (Linux "
+                         "affinity): the coordinator's cost as on a machine of its own, not inflated by the client "
+                         "simulator sharing its core (compare against a run without it)")
     ap.add_argument("--keep-logs", metavar="DIR", type=Path,
                     help="copy the server's and the client hosts' logs and the run dir into DIR when the run "
                          "ends (a failed fleet run's evidence; by default they go with the temporary directory)")
@@ -280,6 +291,14 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
     py = sys.executable
+    server_cpus: set[int] | None = None
+    client_cpus: set[int] | None = None
+    if args.pin_server:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if len(cpus) < 2:
+            ap.error(f"--pin-server needs Linux CPU affinity and at least 2 CPUs, this process may use {len(cpus)}")
+        server_cpus, client_cpus = {cpus[0]}, set(cpus[1:])
+        print(f"server on CPU {cpus[0]}, client processes on CPU(s) {','.join(map(str, cpus[1:]))}")
     # SIGTERM (a timeout, a CI runner) ends the benchmark like ^C: the processes it started are killed, not
     # orphaned (10,000 orphaned virtual clients retry a vanished server for minutes).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -298,7 +317,8 @@ def main() -> int:
              "--linger", str(max(10, n // 400)),
              *(["--set", f"server.long_poll_s={args.long_poll}"] if args.long_poll else []),
              "--min-available", str(n), "--model-kwargs", json.dumps({"hidden": args.hidden}), "--insecure"],
-            stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
+            stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env,  # noqa: SIM115
+            preexec_fn=_pinned(server_cpus))
         if args.virtual:
             held = 1 if args.idle > 0 else 0
             poll: dict[str, Any] = {"long_poll_s": args.long_poll} if args.long_poll else {}
@@ -323,7 +343,8 @@ def main() -> int:
         started.append(server)
 
         def launch(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-            started.append(subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env))  # noqa: SIM115
+            started.append(subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env,  # noqa: SIM115
+                                            preexec_fn=_pinned(client_cpus)))
             return started[-1]
 
         if args.idle > 0:
