@@ -6,8 +6,9 @@ A sampling profiler misreads an event loop (py-spy counts a thread parked in ``e
 ``--idle``, and its native mode stops the process for each sample) and cProfile's own cost per call is as large as
 the sub-10 µs steps it would time; a thread-CPU clock read around a few chosen functions costs ~0.5 µs per call and
 counts what the function costs *in the running server* (cold caches, a busy machine: 3-5× what ``timeit`` says).
-Nested functions are counted in each (inclusive times). ``tools/bench_rounds.py --cpu-breakdown`` runs the server
-this way and prints the sums per client-round::
+Nested functions are counted in each (inclusive times). The cyclic garbage collector's passes are summed too, by
+generation (:func:`time_gc`). ``tools/bench_rounds.py --cpu-breakdown`` runs the server this way and prints the sums
+per client-round::
 
     python -m tools.cpu_breakdown OUT.json -- --address 127.0.0.1:50051 ...   # fedserver's own arguments after --
     python -m tools.cpu_breakdown OUT.json --client -- --server 127.0.0.1:50051 ...   # a fedclient's
