@@ -44,6 +44,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -56,6 +57,7 @@ if str(ROOT) not in sys.path:  # run as a script
     sys.path.insert(0, str(ROOT))
 
 from tools.procstat import cpu_seconds, free_port, rss_anon_mib  # noqa: E402
+from tools.spy_profile import Recorder, py_spy, summarize, watch  # noqa: E402
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float,
@@ -237,6 +239,14 @@ def print_cpu_breakdown(sums: dict[str, Any], count: int, who: str = "server", p
                   f"{f['cpu_ns'] / f['calls'] / 1000:8.1f}")
 
 
+def rows_in(path: Path) -> int:
+    """Rows of ``rounds.jsonl`` so far (0 before it exists)."""
+    try:
+        return sum(1 for line in path.read_bytes().splitlines() if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
 def _pinned(cpus: set[int] | None) -> Callable[[], None] | None:
     """A ``preexec_fn`` that restricts the child to ``cpus`` (None: no restriction)."""
     if cpus is None:
@@ -272,6 +282,10 @@ def main() -> int:
                          "and PushUpdate calls (client session_stream = false)")
     ap.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                     help="the server's event loop (server.event_loop; auto: uvloop where installed)")
+    ap.add_argument("--py-spy", metavar="FILE", type=Path,
+                    help="sample the server with py-spy (--gil: only while it holds the GIL) over the timed rounds, "
+                         "keep the raw samples in FILE and print where they fall (tools/spy_profile.py; needs "
+                         "py-spy installed and ptrace rights over the server)")
     ap.add_argument("--pin-server", action="store_true",
                     help="run the server on one CPU of its own and every client process on the others (Linux "
                          "affinity): the coordinator's cost as on a machine of its own, not inflated by the client "
@@ -282,6 +296,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.profile and args.cpu_breakdown is not None:
         ap.error("--profile and --cpu-breakdown each run the server under their own wrapper: choose one")
+    if args.profile and args.py_spy is not None:
+        ap.error("--profile slows the server it samples: --py-spy measures the server without it")
+    if args.py_spy is not None:
+        py_spy()  # missing: says so before anything starts
     if args.warmup < 1:
         ap.error("--warmup must be >= 1 (the first round's start-up is not a round's cost)")
     n = args.clients or args.k
@@ -366,7 +384,15 @@ def main() -> int:
         else:
             clients = [launch(c, log) for c, log in zip(cmds, client_logs, strict=True)]
         trace: list[tuple[float, float, float]] = []
-        (rc, server_rss, server_anon, _), *client_res = wait_all([server, *clients], 900, trace)
+        ended = threading.Event()
+        spy = Recorder(server.pid, args.py_spy.resolve()) if args.py_spy is not None else None
+        if spy is not None:
+            watch(spy, lambda: rows_in(run_dir / "rounds.jsonl"), args.warmup, total, ended)
+        try:
+            (rc, server_rss, server_anon, _), *client_res = wait_all([server, *clients], 900, trace)
+        finally:
+            ended.set()
+        spy_says = spy.stop() if spy is not None else ""
         events = [json.loads(line) for line in (Path(tmp) / "server.log").read_text().splitlines()
                   if line.startswith("{")]
         rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
@@ -420,6 +446,12 @@ def main() -> int:
             print_cpu_breakdown(json.loads(client_sums(args.cpu_breakdown).read_text()), len(rows) - args.warmup,
                                 who="client bench-0", per="round", counted="timed rounds; its start-up and warm-up "
                                                                            "are in the sums")
+    if args.py_spy is not None:
+        print(f"server sampled by py-spy over the timed rounds ({args.py_spy}):")
+        if not args.pin_server:
+            print("  (the server shares its cores with the clients: a sample also counts the time the GIL's holder "
+                  "waited preempted; --pin-server gives shares of its CPU)")
+        print("  " + "\n  ".join([spy_says] if spy_says else summarize(args.py_spy)))
     if args.profile:
         import pstats
 
