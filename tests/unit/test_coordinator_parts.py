@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -191,21 +192,27 @@ def test_a_poll_is_answered_finished_and_recorded_as_told() -> None:
     assert members.not_left() == (["c0"], []) and polls.connected() == frozenset()
 
 
-def test_a_pull_is_one_observation_of_the_client() -> None:
-    """A pull says the client was heard from once: Polled when it becomes ready, Seen when it already was, Declined
-    for a decline (not a Seen first and then the poll's own); an unknown session is refused with none."""
-    members, seen, _, box = _members()
-    session = members.join("c0", "tok", 1, False, False, "").session_id
+def _polls_without_tasks(members: Membership, box: dict[str, rm.RoundState], wait_s: float,
+                         observe: Callable[[rm.Observation], None]) -> LongPolls:
+    """Long-polls over ``members`` whose dispatcher never has a task (a pull waits, then is answered Wait)."""
 
     class _Server:
-        heartbeat_interval_s, long_poll_s = 5.0, 0.0
+        heartbeat_interval_s, long_poll_s = 5.0, wait_s
 
     class _NoTask:
         def task_for(self, state: rm.RoundState, cid: str, now: float) -> None:
             return None
 
-    polls = LongPolls(_Server(), members, _NoTask(), lambda: box["s"], members._observe,  # type: ignore[arg-type]
-                      lambda: False, lambda: 1.0)
+    return LongPolls(_Server(), members, _NoTask(), lambda: box["s"], observe,  # type: ignore[arg-type]
+                     lambda: False, lambda: 1.0)
+
+
+def test_a_pull_is_one_observation_of_the_client() -> None:
+    """A pull says the client was heard from once: Polled when it becomes ready, Seen when it already was, Declined
+    for a decline (not a Seen first and then the poll's own); an unknown session is refused with none."""
+    members, seen, _, box = _members()
+    session = members.join("c0", "tok", 1, False, False, "").session_id
+    polls = _polls_without_tasks(members, box, 0.0, members._observe)
 
     def kinds(session: str, declined: bool = False) -> list[str]:
         del seen[:]
@@ -240,16 +247,7 @@ def test_end_parked_answers_a_parked_poll_at_once_with_its_reason() -> None:
     CRL): the client polls again and passes the checks afresh."""
     members, _, _, box = _members()
     session = members.join("c0", "tok", 1, False, False, "").session_id
-
-    class _Server:
-        heartbeat_interval_s, long_poll_s = 5.0, 60.0
-
-    class _NoTask:
-        def task_for(self, state: rm.RoundState, cid: str, now: float) -> None:
-            return None
-
-    polls = LongPolls(_Server(), members, _NoTask(), lambda: box["s"], lambda o: None,  # type: ignore[arg-type]
-                      lambda: False, lambda: 1.0)
+    polls = _polls_without_tasks(members, box, 60.0, lambda o: None)
 
     async def go() -> tuple[object, float]:
         loop = asyncio.get_running_loop()
