@@ -117,6 +117,23 @@ if hasattr(os, "register_at_fork"):
 Scratch = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
 
 
+def _fold(x: npt.NDArray[np.float64], t: npt.NDArray[np.float64], hi: npt.NDArray[np.uint64],
+          lo: npt.NDArray[np.uint64]) -> None:
+    """Round the terms ``c`` in ``x`` (``[w]``, or ``[n, w]``: n terms per coordinate) to fixed point and add them to
+    the accumulators' ``[w]`` slices ``hi`` and ``lo`` (mod 2^64); ``x`` and ``t`` (same shape) are overwritten."""
+    np.add(x, _MAGIC_HI, out=t)  # t = c rounded to a multiple of 2^-A, offset by the magic number
+    _add_terms(hi, t.view(np.uint64))  # H += hi + bits(magic)
+    np.subtract(t, _MAGIC_HI, out=t)  # hi * 2^-A (exact)
+    np.subtract(x, t, out=x)  # r = c - hi * 2^-A (exact)
+    np.add(x, _MAGIC_LO, out=x)  # r rounded to a multiple of 2^-(A+B), offset
+    _add_terms(lo, x.view(np.uint64))  # L += lo + bits(magic)
+
+
+def _add_terms(acc: npt.NDArray[np.uint64], terms: npt.NDArray[np.uint64]) -> None:
+    """``acc += terms`` (one row) or ``acc += Σ rows of terms``, modulo 2^64 (so in any order)."""
+    np.add(acc, terms if terms.ndim == 1 else terms.sum(axis=0, dtype=np.uint64), out=acc)
+
+
 class FixedPointSum:
     """``Σ m_i u_i`` over float32 ``[P]`` vectors, exact in fixed point and independent of the order of the
     adds (see the module docstring for the range, the resolution and the cost).
@@ -198,16 +215,10 @@ class FixedPointSum:
             for i in range(n):
                 self.add(rows[i], multipliers[i])
             return
-        rn = rows.detach().contiguous().numpy()
         x, t = x_buf[: n * p].reshape(n, p), t_buf[: n * p].reshape(n, p)
-        np.copyto(x, rn)
+        np.copyto(x, rows.detach().contiguous().numpy())
         np.multiply(x, np.asarray(multipliers, dtype=np.float64).reshape(n, 1), out=x)  # c = float64(u) * m
-        np.add(x, _MAGIC_HI, out=t)
-        np.add(self._hi, t.view(np.uint64).sum(axis=0, dtype=np.uint64), out=self._hi)  # mod 2^64, any order
-        np.subtract(t, _MAGIC_HI, out=t)
-        np.subtract(x, t, out=x)
-        np.add(x, _MAGIC_LO, out=x)
-        np.add(self._lo, x.view(np.uint64).sum(axis=0, dtype=np.uint64), out=self._lo)
+        _fold(x, t, self._hi, self._lo)
         self.count += n
 
     def _add_range(self, un: npt.NDArray[np.float32], m: float, start: int, stop: int, scratch: Scratch) -> None:
@@ -219,14 +230,7 @@ class FixedPointSum:
             np.copyto(x, un[s:e])
             if m != 1.0:
                 np.multiply(x, m, out=x)  # c = float64(u) * m
-            np.add(x, _MAGIC_HI, out=t)  # t = c rounded to a multiple of 2^-A, offset by the magic number
-            h = hi[s:e]
-            np.add(h, t.view(np.uint64), out=h)  # H += hi + bits(magic)  (mod 2^64)
-            np.subtract(t, _MAGIC_HI, out=t)  # hi * 2^-A (exact)
-            np.subtract(x, t, out=x)  # r = c - hi * 2^-A (exact)
-            np.add(x, _MAGIC_LO, out=x)  # r rounded to a multiple of 2^-(A+B), offset
-            lo_s = lo[s:e]
-            np.add(lo_s, x.view(np.uint64), out=lo_s)  # L += lo + bits(magic)  (mod 2^64)
+            _fold(x, t, hi[s:e], lo[s:e])
 
     def exact(self, index: int) -> Fraction:
         """The represented sum at coordinate ``index`` as an exact fraction (for tests and diagnostics)."""
