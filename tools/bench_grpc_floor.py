@@ -13,6 +13,14 @@ device instead of two calls per round).
     python tools/bench_grpc_floor.py --params 940362 --calls 400
     python tools/bench_grpc_floor.py --concurrency 25     # calls in flight per client process
     python tools/bench_grpc_floor.py --event-loop asyncio # the server on the standard loop (default: uvloop)
+    python tools/bench_grpc_floor.py --wakes 20000 --calls 0   # only what waking a thread costs here
+
+Last, it measures what waking a thread costs on this machine, the step gRPC's asyncio server takes for nearly every
+message: its event loop hands work to gRPC's core, whose completion-queue poller thread sleeps in ``epoll_wait`` and
+is woken through an eventfd (``eventfd_write``), and the poller wakes the loop back. Here two Python threads make the
+same round trip: one writes an eventfd, the other, asleep on it in ``epoll``, wakes, reads it and wakes the writer
+back (a semaphore; the GIL changes hands each way), against the same write with no thread waiting. Run it under
+``taskset -c 0`` for two threads on one core (a ``--pin-server`` server's case).
 
 The server runs in a child process started with ``spawn`` (gRPC's core does not survive ``fork`` after it started).
 """
@@ -23,8 +31,10 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import select
 import statistics
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -164,24 +174,80 @@ def measure(shape: str, calls: int, procs: int, concurrency: int, payload: int, 
     return per_call_us(before, after, calls), 1e6 * wall / calls
 
 
+def wake_cost(n: int) -> tuple[float, float]:
+    """(µs of this process's CPU per eventfd write with no thread waiting, µs per wake-up round trip: a write that
+    wakes a thread asleep on it in epoll, which wakes the writer back): ``n`` of each. Every write finds the other
+    thread asleep."""
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    fd = os.eventfd(0, os.EFD_NONBLOCK)
+    ep = select.epoll()
+    try:
+        t = time.process_time()
+        for _ in range(n):
+            os.eventfd_write(fd, 1)
+        alone = 1e6 * (time.process_time() - t) / n
+        os.eventfd_read(fd)
+        ep.register(fd, select.EPOLLIN)
+        woken = threading.Semaphore(0)
+        done = threading.Event()
+
+        def sleeper() -> None:
+            while not done.is_set():
+                if ep.poll(1.0):
+                    os.eventfd_read(fd)
+                    woken.release()
+
+        th = threading.Thread(target=sleeper, name="floor-wake", daemon=True)
+        th.start()
+        os.eventfd_write(fd, 1)  # the thread is up and parked before the count starts
+        woken.acquire()
+        t = time.process_time()
+        for _ in range(n):
+            os.eventfd_write(fd, 1)
+            woken.acquire()
+        waking = 1e6 * (time.process_time() - t) / n
+        done.set()
+        os.eventfd_write(fd, 1)
+        th.join(5)
+        return alone, waking
+    finally:
+        ep.close()
+        os.close(fd)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", type=int, default=4554, help="float32 parameters in each task and update payload")
-    ap.add_argument("--calls", type=int, default=3000, help="calls per shape and repeat")
+    ap.add_argument("--calls", type=int, default=3000, help="calls per shape and repeat (0: only --wakes)")
     ap.add_argument("--procs", type=int, default=4, help="client processes")
     ap.add_argument("--concurrency", type=int, default=25, help="calls in flight per client process")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats (the median is reported)")
     ap.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                     help="the server's event loop, as fedserver's server.event_loop (auto: uvloop where installed)")
+    ap.add_argument("--wakes", type=int, default=10000, help="eventfd writes per wake-up measurement (0: none)")
     args = ap.parse_args(argv)
+    if args.calls < 0 or args.wakes < 0 or args.calls == args.wakes == 0:
+        ap.error("--calls and --wakes are >= 0, and not both 0")
+    if args.calls:
+        _calls(args)
+    if args.wakes:
+        alone, waking = wake_cost(args.wakes)
+        print(f"a wake-up round trip between two threads (an eventfd write wakes a thread asleep on it in epoll, "
+              f"which wakes the writer back): {waking:.1f} µs of CPU; the same write with no thread waiting: "
+              f"{alone:.2f} µs ({args.wakes:,} each)")
+    return 0
+
+
+def _calls(args: argparse.Namespace) -> None:
+    """The four call shapes against the bare server, printed."""
     ctx = mp.get_context("spawn")
     port = procstat.free_port()
     ready, stop = ctx.Event(), ctx.Event()
     server = ctx.Process(target=_serve, args=(port, ready, stop, args.event_loop), daemon=True)
     server.start()
     if not ready.wait(60) or server.pid is None:
-        print("the floor server did not start within 60 s", file=sys.stderr)
-        return 1
+        raise SystemExit("the floor server did not start within 60 s")
     payload = 4 * args.params
     results: dict[str, list[tuple[float, float]]] = {"unary": [], "pull": [], "push": [], "session": []}
     try:
@@ -217,7 +283,6 @@ def main(argv: list[str] | None = None) -> int:
     floor = med["pull"] + med["push"]
     print(f"floor per client-round (PullTask + PushUpdate shapes): {floor / 1000:.3f} ms of server CPU; "
           f"the same messages on one long-lived stream per device: {med['session'] / 1000:.3f} ms")
-    return 0
 
 
 if __name__ == "__main__":

@@ -286,6 +286,9 @@ def main() -> int:
                     help="sample the server with py-spy (--gil: only while it holds the GIL) over the timed rounds, "
                          "keep the raw samples in FILE and print where they fall (tools/spy_profile.py; needs "
                          "py-spy installed and ptrace rights over the server)")
+    ap.add_argument("--py-spy-native", action="store_true",
+                    help="with --py-spy: sample the C frames too (py-spy --native) and say which libraries and "
+                         "system calls the server's GIL-held time is in (each sample stops the server: shares only)")
     ap.add_argument("--pin-server", action="store_true",
                     help="run the server on one CPU of its own and every client process on the others (Linux "
                          "affinity): the coordinator's cost as on a machine of its own, not inflated by the client "
@@ -298,6 +301,8 @@ def main() -> int:
         ap.error("--profile and --cpu-breakdown each run the server under their own wrapper: choose one")
     if args.profile and args.py_spy is not None:
         ap.error("--profile slows the server it samples: --py-spy measures the server without it")
+    if args.py_spy_native and args.py_spy is None:
+        ap.error("--py-spy-native goes with --py-spy FILE")
     if args.py_spy is not None:
         py_spy()  # missing: says so before anything starts
     if args.warmup < 1:
@@ -385,7 +390,8 @@ def main() -> int:
             clients = [launch(c, log) for c, log in zip(cmds, client_logs, strict=True)]
         trace: list[tuple[float, float, float]] = []
         ended = threading.Event()
-        spy = Recorder(server.pid, args.py_spy.resolve()) if args.py_spy is not None else None
+        spy = Recorder(server.pid, args.py_spy.resolve(), native=args.py_spy_native) \
+            if args.py_spy is not None else None
         if spy is not None:
             watch(spy, lambda: rows_in(run_dir / "rounds.jsonl"), args.warmup, total, ended)
         try:

@@ -33,6 +33,18 @@ def test_cpu_seconds_of_this_process_grows() -> None:
 
 
 @pytest.mark.system
+def test_wake_cost_measures_a_write_alone_and_a_wake_up_round_trip(capsys: pytest.CaptureFixture[str]) -> None:
+    alone, waking = floor.wake_cost(200)
+    # A wake-up is at least the write itself plus a thread switch each way; both are real CPU readings.
+    assert 0.0 <= alone < waking
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        floor.wake_cost(0)
+    assert floor.main(["--calls", "0", "--wakes", "50"]) == 0
+    assert "a wake-up round trip between two threads" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        floor.main(["--calls", "0", "--wakes", "0"])
+
+
 def test_floor_benchmark_runs_every_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert floor.main(["--calls", "40", "--repeats", "1", "--procs", "1", "--concurrency", "4", "--params", "64"]) == 0
     out = capsys.readouterr().out
