@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -130,6 +131,20 @@ def fits_inline(header_bytes: int, total_bytes: int, chunk_bytes: int) -> bool:
     one message instead of a header and chunks): the header, the data and their framing (16 bytes covers the field
     tags and length varints) fit in one chunk, so the message stays within what a chunk may be."""
     return total_bytes > 0 and header_bytes + total_bytes + 16 <= chunk_bytes
+
+
+_HEADER_TAG = 0x12  # TaskMessage.header / SessionReply.header: field 2, length-delimited
+_DEADLINE = struct.Struct("<Bd")  # TaskHeader.deadline_s: field 2, 64-bit (tag 0x11), little-endian double
+DEADLINE_BYTES = _DEADLINE.size  # what the deadline adds to a serialized TaskHeader
+
+
+def task_header_frame(header: bytes, deadline_s: float) -> bytes:
+    """The serialized ``TaskMessage`` (and ``SessionReply``: the same field numbers) whose header is ``header`` (a
+    serialized ``TaskHeader`` without ``deadline_s``) with ``deadline_s`` added: what ``TaskMessage(header=...)``
+    with that deadline parses to. Each client's task differs only in its deadline (seconds left, from when it is
+    handed out), so the header -- and the model inside it -- is serialized once per round, not once per client."""
+    deadline = _DEADLINE.pack(0x11, deadline_s)
+    return b"".join((bytes([_HEADER_TAG]), _varint(len(header) + len(deadline)), header, deadline))
 
 
 def chunk_frame_bytes(payload: Payload | bytes | bytearray | memoryview, message: type[Chunked],

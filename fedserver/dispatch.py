@@ -20,6 +20,8 @@ from fedserver.global_models import GLOBAL, GlobalModels
 class Task:
     round: int
     deadline_s: float
+    # A new list per pack of the model (once per round and model id, again after a restore): the servicer knows a
+    # task header it serialized before by this list's identity (FederationServicer._task_header).
     manifest: list[TensorMeta]
     payload: bytearray
     learning_rate: float

@@ -98,7 +98,8 @@ class FederationServicer:
         self.idle_s = cfg.server.stream_idle_timeout_s
         self.log = coordinator.log
         self.refused = 0
-        self._metas: tuple[object, list[pb.TensorMeta]] = (None, [])  # a task manifest and its wire form
+        # Per (model id, inline): a task's serialized header without its deadline, and what it was made from.
+        self._headers: dict[tuple[str, bool], tuple[object, tuple[int, bool, float], bool, bytes]] = {}
         # Refusals are logged rate-limited per peer address and reason: a flood of bad calls cannot flood the log.
         self.refusals = RefusalLog(self.log)
         # Only the options a client accepts from a server are announced (fedcore.trust); the server's own
@@ -173,19 +174,32 @@ class FederationServicer:
             yield pb.TaskMessage(wait=pb.Wait(retry_after_s=res.retry_after_s, finished=res.finished,
                                               reason=res.reason))
             return
+        inline, header = self._task_header(res, inline_ok)
+        yield wire.task_header_frame(header, res.deadline_s)  # each client's deadline spliced into the one header
+        if not inline:
+            # The chunks as serialized frames, each byte copied once from the cached payload into its frame.
+            yield from wire.chunk_frame_bytes(res.payload, pb.TaskMessage, self.coord.config.server.chunk_bytes)
+
+    def _task_header(self, res: Task, inline_ok: bool) -> tuple[bool, bytes]:
+        """(whether the model rides inside it, the task's serialized header without its deadline): made once per
+        model version, not once per client (an inline header carries the whole model). The dispatcher packs each
+        round's model once per model id (a restore packs it again), and each pack makes a new manifest object: its
+        identity says which pack a header was made from, without holding on to the pack's payload."""
+        key = (res.model_id, inline_ok)
+        what = (res.round, res.recovery, res.learning_rate)
+        made = self._headers.get(key)
+        if made is not None and made[0] is res.manifest and made[1] == what:
+            return made[2], made[3]
         total = len(res.payload)
-        chunk_bytes = self.coord.config.server.chunk_bytes
-        if self._metas[0] is not res.manifest:  # the dispatcher hands out one manifest object per model version
-            self._metas = res.manifest, wire.metas_to_pb(res.manifest)
-        header = pb.TaskHeader(round=res.round, deadline_s=res.deadline_s, tensors=self._metas[1],
-                               total_bytes=total, recovery=res.recovery, learning_rate=res.learning_rate)
-        if inline_ok and wire.fits_inline(header.ByteSize(), total, chunk_bytes):
+        header = pb.TaskHeader(round=res.round, tensors=wire.metas_to_pb(res.manifest), total_bytes=total,
+                               recovery=res.recovery, learning_rate=res.learning_rate)
+        inline = inline_ok and wire.fits_inline(header.ByteSize() + wire.DEADLINE_BYTES, total,
+                                                self.coord.config.server.chunk_bytes)
+        if inline:
             header.data = bytes(res.payload)
-            yield pb.TaskMessage(header=header)
-            return
-        yield pb.TaskMessage(header=header)
-        # The chunks as serialized frames, each byte copied once from the cached payload into its frame.
-        yield from wire.chunk_frame_bytes(res.payload, pb.TaskMessage, chunk_bytes)
+        raw = header.SerializeToString()
+        self._headers[key] = (res.manifest, what, inline, raw)
+        return inline, raw
 
     async def PullTask(self, item: Incoming, context: grpc.aio.ServicerContext) -> AsyncIterator[
         pb.TaskMessage | bytes

@@ -22,9 +22,10 @@ from tests.integration.helpers import OPERATOR_MD, join_session, mark_ready, ser
 TOKEN = "s3cret"
 
 
-def _serve(tmp_path: Path, chunk_bytes: int) -> ServerThread:
+def _serve(tmp_path: Path, chunk_bytes: int, num_rounds: int = 1) -> ServerThread:
     cfg = server_config(tmp_path, server={"token": TOKEN, "chunk_bytes": chunk_bytes},
-                        rounds={"num_rounds": 1, "clients_per_round": 2, "min_updates": 2, "round_timeout_s": 30.0})
+                        rounds={"num_rounds": num_rounds, "clients_per_round": 2, "min_updates": 2,
+                                "round_timeout_s": 30.0})
     return ServerThread(cfg, linger_s=0.5).start()
 
 
@@ -95,6 +96,35 @@ def test_a_small_model_and_its_update_ride_in_their_headers(big_chunks) -> None:
     assert status.history[0].accepted == 2 and status.history[0].rejected == 0
 
 
+def test_each_round_hands_out_its_own_model_and_each_client_its_own_deadline(tmp_path: Path) -> None:
+    """The task header is serialized once per round and model (FederationServicer._task_header) and each client's
+    deadline spliced in: round 2's tasks carry round 2's model (the mean of round 1's updates), inline and chunked
+    alike, and a later hand-out carries a shorter deadline."""
+    srv = _serve(tmp_path, 1 << 20, num_rounds=2)
+    ch, s = stub(srv.address)
+    try:
+        a, b = join_session(s, "a", TOKEN), join_session(s, "b", TOKEN)
+        mark_ready(s, [a, b])
+        first = _pull(s, a, inline_ok=True)
+        time.sleep(0.05)
+        later = _pull(s, b, inline_ok=True)
+        assert first[0].header.round == later[0].header.round == 1 and _model(first) == _model(later)
+        assert 0.0 < later[0].header.deadline_s < first[0].header.deadline_s <= 30.0
+        base = _state(first)
+        for session, shift in ((a, 0.25), (b, 0.75)):
+            state = {k: v + shift if v.is_floating_point() else v for k, v in base.items()}
+            assert s.PushUpdate(update_messages(session, 1, state), timeout=10).accepted
+        inline, chunked = _pull(s, a, inline_ok=True), _pull(s, b, inline_ok=False)
+        assert inline[0].header.round == chunked[0].header.round == 2
+        assert len(inline) == 1 and len(chunked) >= 2 and _model(inline) == _model(chunked) != _model(first)
+        for name, t in _state(inline).items():  # FedAvg of equal weights: base + 0.5, up to float32 rounding
+            if t.is_floating_point():
+                torch.testing.assert_close(t, base[name] + 0.5, rtol=0.0, atol=1e-6)
+    finally:
+        ch.close()
+        srv.stop()
+
+
 def test_inline_data_must_be_the_whole_announced_update(big_chunks) -> None:  # type: ignore[no-untyped-def]
     """Data that disagrees with total_bytes, or a chunk after a whole inline update: refused, with the reason."""
     _, s = big_chunks
@@ -119,6 +149,21 @@ def test_a_model_bigger_than_a_chunk_goes_in_chunks(small_chunks) -> None:  # ty
     mark_ready(s, [a, b])
     task = _pull(s, a, inline_ok=True)
     assert not task[0].header.data and len(task) >= 2  # inline_ok asks; the size decides
+
+
+@pytest.mark.parametrize("deadline", [0.0, 12.5, 1e-300, 3600.0])
+@pytest.mark.parametrize("data", [b"", b"\x01" * 300])
+def test_a_spliced_deadline_parses_as_the_serialized_header_with_it(deadline: float, data: bytes) -> None:
+    metas = wire.metas_to_pb(pack({"w": torch.zeros(3, 5), "b": torch.zeros(5)})[0])
+    header = pb.TaskHeader(round=7, tensors=metas, total_bytes=len(data), recovery=True, learning_rate=0.05,
+                           data=data)
+    whole = pb.TaskHeader()
+    whole.CopyFrom(header)
+    whole.deadline_s = deadline
+    frame = wire.task_header_frame(header.SerializeToString(), deadline)
+    assert pb.TaskMessage.FromString(frame) == pb.TaskMessage(header=whole)
+    assert pb.SessionReply.FromString(frame) == pb.SessionReply(header=whole)  # the same field numbers
+    assert len(frame) <= len(pb.TaskMessage(header=header).SerializeToString()) + wire.DEADLINE_BYTES + 1
 
 
 def test_fits_inline_counts_the_header_and_framing() -> None:
