@@ -7,7 +7,9 @@ bytes out: no protobuf, no validation, no state), drives them from client proces
 reports the server's CPU seconds (user + system, from /proc) per call and per client-round. Whatever the server
 spends per client-round above this floor is fedguard's own work; what is below it cannot be removed without
 fewer or cheaper calls (another transport, batching several devices into one call, or one long-lived stream per
-device instead of two calls per round).
+device instead of two calls per round). For the first of those, the same server process also answers the
+long-lived stream's round on a bare TCP connection served by its event loop's own thread (length-prefixed frames,
+no gRPC, no HTTP/2, no TLS): what a transport without gRPC's poller thread would cost at least.
 
     python tools/bench_grpc_floor.py                       # 4.5k-parameter payload, 4 client processes
     python tools/bench_grpc_floor.py --params 940362 --calls 400
@@ -38,7 +40,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script
@@ -65,7 +67,33 @@ def per_call_us(cpu_before: float, cpu_after: float, calls: int) -> float:
     return 1e6 * (cpu_after - cpu_before) / calls
 
 
-def _serve(port: int, ready: Any, stop: Any, loop: str = "auto") -> None:
+FRAME_LEN = 4  # the bare TCP shape's frames: a little-endian length, then the bytes
+
+
+def frame(data: bytes) -> bytes:
+    return len(data).to_bytes(FRAME_LEN, "little") + data
+
+
+class _BareSession(asyncio.Protocol):
+    """The ``session`` shape on a bare TCP connection, served on the loop's own thread: each update (a header frame
+    and a data frame) answered with the next task (the same two frames)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        self.buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while len(self.buf) >= FRAME_LEN:
+            n = int.from_bytes(self.buf[:FRAME_LEN], "little")
+            if len(self.buf) < FRAME_LEN + n:
+                return
+            del self.buf[:FRAME_LEN + n]
+            if n != HEADER_BYTES:  # the update's data: answer with the next task
+                self.transport.writelines([frame(b"h" * HEADER_BYTES), frame(bytes(n))])
+
+
+def _serve(port: int, ready: Any, stop: Any, loop: str = "auto", bare_port: int = 0) -> None:
     import grpc
 
     from fedserver import event_loop
@@ -101,16 +129,42 @@ def _serve(port: int, ready: Any, stop: Any, loop: str = "auto") -> None:
         }),))
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
+        bare = await asyncio.get_running_loop().create_server(_BareSession, "127.0.0.1", bare_port) \
+            if bare_port else None
         ready.set()
         while not stop.is_set():
             await asyncio.sleep(0.05)
+        if bare is not None:
+            bare.close()
         await server.stop(0)
 
     event_loop.run(main, loop)
 
 
+async def _bare_rounds(port: int, n: int, body: bytes) -> None:
+    """``n`` rounds of the ``session`` shape on one bare TCP connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    update = [frame(b"h" * HEADER_BYTES), frame(body)]
+    for _ in range(n):
+        writer.writelines(update)
+        await writer.drain()
+        for _ in range(2):
+            size = int.from_bytes(await reader.readexactly(FRAME_LEN), "little")
+            await reader.readexactly(size)
+    writer.close()
+    await writer.wait_closed()
+
+
 def _drive(port: int, shape: str, calls: int, concurrency: int, payload: int) -> None:
     import grpc
+
+    if shape == "bare":
+        async def bare() -> None:
+            share = [calls // concurrency + (i < calls % concurrency) for i in range(concurrency)]
+            await asyncio.gather(*(_bare_rounds(port, n, bytes(payload)) for n in share if n))
+
+        asyncio.run(bare())
+        return
 
     async def main() -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -244,17 +298,20 @@ def _calls(args: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
     port = procstat.free_port()
     ready, stop = ctx.Event(), ctx.Event()
-    server = ctx.Process(target=_serve, args=(port, ready, stop, args.event_loop), daemon=True)
+    bare_port = procstat.free_port()
+    while bare_port == port:
+        bare_port = procstat.free_port()
+    server = ctx.Process(target=_serve, args=(port, ready, stop, args.event_loop, bare_port), daemon=True)
     server.start()
     if not ready.wait(60) or server.pid is None:
         raise SystemExit("the floor server did not start within 60 s")
     payload = 4 * args.params
-    results: dict[str, list[tuple[float, float]]] = {"unary": [], "pull": [], "push": [], "session": []}
+    results: dict[str, list[tuple[float, float]]] = {"unary": [], "pull": [], "push": [], "session": [], "bare": []}
     try:
         for _ in range(args.repeats):
             for shape in results:
-                results[shape].append(measure(shape, args.calls, args.procs, args.concurrency, payload, port,
-                                              server.pid, ctx))
+                results[shape].append(measure(shape, args.calls, args.procs, args.concurrency, payload,
+                                              bare_port if shape == "bare" else port, server.pid, ctx))
     finally:
         stop.set()
         server.join(10)
@@ -271,7 +328,8 @@ def _calls(args: argparse.Namespace) -> None:
     label: dict[str, str] = {"unary": "unary (a Heartbeat's shape)",
                              "pull": "request -> stream of 2 (PullTask's shape)",
                              "push": "stream of 2 -> reply (PushUpdate's shape)",
-                             "session": "a round on one open stream (2 in, 2 out)"}
+                             "session": "a round on one open stream (2 in, 2 out)",
+                             "bare": "the same on a bare TCP connection (no gRPC)"}
 
     def pick(rows: list[tuple[float, float]], i: int) -> float:
         return statistics.median(r[i] for r in rows)
@@ -282,7 +340,8 @@ def _calls(args: argparse.Namespace) -> None:
               f"{', '.join(f'{r[0]:.0f}' for r in rows)}), wall {pick(rows, 1):7.1f} µs per call")
     floor = med["pull"] + med["push"]
     print(f"floor per client-round (PullTask + PushUpdate shapes): {floor / 1000:.3f} ms of server CPU; "
-          f"the same messages on one long-lived stream per device: {med['session'] / 1000:.3f} ms")
+          f"the same messages on one long-lived stream per device: {med['session'] / 1000:.3f} ms; on a bare TCP "
+          f"connection served on the event loop's own thread (no gRPC, no TLS): {med['bare'] / 1000:.3f} ms")
 
 
 if __name__ == "__main__":

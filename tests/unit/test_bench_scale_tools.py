@@ -48,10 +48,28 @@ def test_wake_cost_measures_a_write_alone_and_a_wake_up_round_trip(capsys: pytes
 def test_floor_benchmark_runs_every_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert floor.main(["--calls", "40", "--repeats", "1", "--procs", "1", "--concurrency", "4", "--params", "64"]) == 0
     out = capsys.readouterr().out
-    for label in ("Heartbeat's shape", "PullTask's shape", "PushUpdate's shape", "one open stream"):
+    for label in ("Heartbeat's shape", "PullTask's shape", "PushUpdate's shape", "one open stream",
+                  "bare TCP connection (no gRPC)"):
         line = next(x for x in out.splitlines() if label in x)
         assert float(re.search(r"server CPU\s+([\d.]+) µs per call", line).group(1)) >= 0  # type: ignore[union-attr]
-    assert "floor per client-round" in out
+    assert "floor per client-round" in out and "served on the event loop's own thread" in out
+
+
+def test_the_bare_tcp_shape_answers_each_update_with_a_task_of_its_size() -> None:
+    """The bare shape's server: frames split across reads are reassembled; a header frame is not answered, a data
+    frame is, with a header and a data frame of the same size."""
+    sent: list[bytes] = []
+
+    class Transport:
+        def writelines(self, frames: list[bytes]) -> None:
+            sent.extend(frames)
+
+    proto = floor._BareSession()
+    proto.connection_made(Transport())  # type: ignore[arg-type]
+    wire = floor.frame(b"h" * floor.HEADER_BYTES) + floor.frame(bytes(300))
+    for i in range(0, len(wire), 7):  # seven bytes at a time
+        proto.data_received(wire[i:i + 7])
+    assert sent == [floor.frame(b"h" * floor.HEADER_BYTES), floor.frame(bytes(300))] and not proto.buf
 
 
 @pytest.mark.system
