@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 import grpc
 
 from fedclient.errors import FedClientError, FedClientRefused, SessionLost, Stopped
+from fedclient.framed import FramedError, FramedSession
 from fedclient.heartbeats import HEARTBEATS
-from fedclient.stream import WATCHDOG, SessionStream
+from fedclient.stream import WATCHDOG, Exchanges
 from fedclient.transport import ChannelPool, Refused, Transport, classify_unauthenticated, classify_unavailable
 from fedcore.config import ClientConfig, ConfigError
 from fedcore.identity import shorten
@@ -89,9 +90,12 @@ class Connection:
         # signed, or the server has none for this client. Opened once the client's first poll is answered (a task,
         # or a wait at the end of its long-poll): a host of thousands of virtual clients does not open thousands of
         # streams, each with a thread of gRPC's, while they join (+40 % join time on 2 cores, docs/benchmarks.md).
-        self._stream: SessionStream | None = None
+        self._stream: Exchanges | None = None
         self._stream_off = not config.session_stream
         self._stream_wanted = False
+        # The server's framed Session port (announced at join; 0: none), unless configured off or found unreachable
+        # since the last join.
+        self._framed_port = 0
 
     # ---- lifecycle ----
 
@@ -140,14 +144,34 @@ class Connection:
         """The client's first poll was answered: exchange on the Session stream from now on (where it is used)."""
         self._stream_wanted = True
 
-    def stream(self) -> SessionStream | None:
-        """The Session stream to exchange on (opened at first use and after an error), or None: the unary calls."""
+    def set_framed_port(self, port: int) -> None:
+        """The framed Session port the server announced at (re-)join (0: none); a port that could not be reached
+        before is tried again."""
+        self._framed_port = port if self.config.framed_session and 0 < port < 65536 else 0
+
+    def stream(self) -> Exchanges | None:
+        """The Session stream to exchange on (opened at first use and after an error), or None: the unary calls.
+        On the server's framed port when it announced one and it can be reached, else on gRPC."""
         transport = self.require()
         if self._stream_off or not self._stream_wanted or transport.signs:
             return None
         if self._stream is None or self._stream.broken:
-            self._stream = transport.open_session()
+            self._stream = self._open_framed() or transport.open_session()
         return self._stream
+
+    def _open_framed(self) -> FramedSession | None:
+        if not self._framed_port:
+            return None
+        try:
+            return FramedSession.connect(self.config, self._framed_port)
+        except (OSError, FramedError) as e:  # ssl.SSLError is an OSError
+            # Unreachable (a firewall, a proxy in between, a server that stopped): gRPC's Session stream until the
+            # next join announces the port again. A refusal of this client's credentials is gRPC's to say.
+            self.log.warning("client.framed_off", client_id=self.client_id, port=self._framed_port,
+                             reason=shorten(f"{type(e).__name__}: {e}", 300),
+                             using="the gRPC Session stream until the next join")
+            self._framed_port = 0
+            return None
 
     def pull_pending(self) -> bool:
         """Whether the client's next pull is already on its way (sent with its last update)."""
@@ -167,7 +191,7 @@ class Connection:
         return False
 
     @contextlib.contextmanager
-    def exchange(self, stream: SessionStream, seconds: float) -> Iterator[SessionStream]:
+    def exchange(self, stream: Exchanges, seconds: float) -> Iterator[Exchanges]:
         """One exchange on ``stream``: :meth:`cancel_inflight` (a stop) cancels it, as does a deadline of
         ``seconds``; an exchange that does not complete leaves the stream in no known state: it is ended."""
         with self.inflight(stream), WATCHDOG.armed(seconds, stream.cancel):

@@ -28,7 +28,7 @@ from fedclient.local_round import LocalRound, LocalRoundError
 from fedclient.mods import CallNext, ModContext, RoundReply, RoundTask, chain, client_mods
 from fedclient.setup import ClientSetup
 from fedclient.simulation import DeviceSimulation
-from fedclient.stream import SessionStream, StreamEnded
+from fedclient.stream import Exchanges, StreamEnded
 from fedclient.transport import update_frames
 from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, FederationInfo
@@ -102,6 +102,7 @@ class RoundRunner:
         if self.conn.session or self.fed is not None:
             self.summary.rejoins += 1
         self.conn.session = reply.session_id
+        self.conn.set_framed_port(int(reply.framed_port))
         self.fed = fed
         self._then_pull = bool(reply.then_pull)  # the server takes a pull with an update (SessionRequest.then_pull)
         self.conn.set_heartbeat_interval(reply.heartbeat_interval_s)
@@ -197,7 +198,7 @@ class RoundRunner:
     def _pull(self) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
         req = self._pull_request()
         limit = self.config.long_poll_s + 30.0
-        def on_stream(stream: SessionStream) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
+        def on_stream(stream: Exchanges) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
             if stream.pull_pending:
                 stream.pull_pending = False  # it went with the last update: its answer is the next reply
             else:
@@ -216,7 +217,7 @@ class RoundRunner:
         self.conn.want_stream()  # answered once: its update and later polls go on the Session stream
         return task
 
-    def _on_stream(self, exchange: Callable[[SessionStream], T], seconds: float) -> Streamed[T] | None:
+    def _on_stream(self, exchange: Callable[[Exchanges], T], seconds: float) -> Streamed[T] | None:
         """``exchange`` on the Session stream, or None when there is none (the unary call then). A stream the server
         ended while it sat idle (longer than a round: the device trained long, slept, or was offline) is replaced at
         once, not after a back-off: that is not a failure."""
@@ -327,7 +328,7 @@ class RoundRunner:
             header = pb.UpdateHeader(
                 session_id=self.conn.session, round=round_, report=wire.update_report_to_pb(report), kind=pb.WEIGHTS,
                 tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
-            def on_stream(stream: SessionStream) -> pb.PushReply:
+            def on_stream(stream: Exchanges) -> pb.PushReply:
                 # The next pull goes with the update when the device could send it now (online and eligible, as
                 # the loop would check before it): one message per round instead of two.
                 then = self._pull_request() if self._then_pull and self.sim.online() and self._eligible_now() \

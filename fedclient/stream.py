@@ -20,9 +20,23 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
+
+
+class Exchanges(Protocol):
+    """A Session stream as the client's round uses it, whatever carries it: gRPC's ``Session`` call
+    (:class:`SessionStream`) or the framed transport (:class:`fedclient.framed.FramedSession`)."""
+
+    broken: bool
+    pull_pending: bool
+
+    def send(self, frames: Iterable[bytes]) -> None: ...
+
+    def reply(self) -> bytes: ...
+
+    def cancel(self) -> None: ...
 
 
 class StreamEnded(grpc.RpcError):  # type: ignore[misc]  # grpc is untyped
@@ -132,4 +146,4 @@ class Watchdog:
 
 WATCHDOG = Watchdog()
 
-__all__ = ["WATCHDOG", "SessionStream", "StreamEnded", "Watchdog"]
+__all__ = ["WATCHDOG", "Exchanges", "SessionStream", "StreamEnded", "Watchdog"]

@@ -96,6 +96,11 @@ class RoundsConfig:
 class ServerSection:
     # host:port the server listens on; port 0 picks a free one.
     address: str = "127.0.0.1:8470"
+    # host:port of the framed Session transport, beside gRPC (empty: off; port 0 picks a free one): the clients'
+    # Session streams on connections the server's event loop serves itself, with the same TLS, identity checks and
+    # bounds (fedguard/framing.py). The port is announced at join; a client that cannot reach it uses gRPC's
+    # Session stream. About half the server's CPU per client-round (docs/benchmarks.md).
+    framed_address: str = ""
     # The federation's name, announced to the clients at join and shown by GetStatus.
     federation_id: str = "fedguard"
     # Shared join secret; empty accepts any client. Never written to the run dir or printed (redacted); prefer
@@ -296,6 +301,9 @@ class ClientConfig:
     # (a fraction of the server's CPU per client-round). Off: the unary calls. Unused with signing_key (a stream
     # does not carry per-request signatures) and against a server without it (the client falls back by itself).
     session_stream: bool = True
+    # Exchange the Session stream on the server's framed port when it announces one (server.framed_address; same
+    # host as ``server``, same TLS and client certificate); off, or when the port cannot be reached: on gRPC.
+    framed_session: bool = True
     # Reconnect: exponential backoff from backoff_initial_s to backoff_max_s with full jitter.
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 10.0
@@ -350,6 +358,8 @@ class ClientConfig:
 def validate_server_config(c: ServerConfig) -> None:
     s, r, t = c.server, c.rounds, c.training
     require(_valid_address(s.address), "server.address", f"expected host:port, got {s.address!r}")
+    require(not s.framed_address or _valid_address(s.framed_address), "server.framed_address",
+            f"expected host:port (or empty: off), got {s.framed_address!r}")
     require(bool(s.federation_id), "server.federation_id", "must not be empty")
     require(s.chunk_bytes >= 1024, "server.chunk_bytes", f"must be >= 1024, got {s.chunk_bytes}")
     require(s.max_message_bytes >= s.chunk_bytes + 4096, "server.max_message_bytes",

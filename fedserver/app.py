@@ -22,6 +22,7 @@ from fedcore.models import build_model
 from fedcore.report import FederationStatus, RoundReport
 from fedserver import event_loop
 from fedserver.coordinator import Coordinator
+from fedserver.framed import FramedServer
 from fedserver.global_models import GLOBAL
 from fedserver.persistence import StoreOpener, open_store
 from fedserver.rundir import RunDirLock
@@ -63,8 +64,8 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
 
-def check_port_free(address: str) -> None:
-    """:class:`ConfigError` naming ``server.address`` when its port cannot be bound (in use, no such local
+def check_port_free(address: str, field: str = "server.address") -> None:
+    """:class:`ConfigError` naming ``field`` (``server.address``) when its port cannot be bound (in use, no such local
     address): checked with a plain socket first, so the refusal is one line instead of gRPC's core log."""
     host, _, port_s = address.rpartition(":")
     host = host.strip("[]")
@@ -74,7 +75,7 @@ def check_port_free(address: str) -> None:
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
-        raise ConfigError("server.address", f"cannot resolve {host!r}: {e.strerror}") from None
+        raise ConfigError(field, f"cannot resolve {host!r}: {e.strerror}") from None
     family, kind, proto, _, sockaddr = infos[0]
     with contextlib.closing(socket.socket(family, kind, proto)) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -83,8 +84,9 @@ def check_port_free(address: str) -> None:
         except OSError as e:
             in_use = e.errno == errno.EADDRINUSE
             reason = "is in use by another process" if in_use else f"cannot be bound ({e.strerror})"
-            raise ConfigError("server.address", f"port {port} on {host or '*'} {reason}; pick another with "
-                                                f"--address HOST:PORT (port 0 picks a free one)") from None
+            flag = "--address" if field == "server.address" else "--framed-address"
+            raise ConfigError(field, f"port {port} on {host or '*'} {reason}; pick another with "
+                                     f"{flag} HOST:PORT (port 0 picks a free one)") from None
 
 
 def listen(server: grpc.aio.Server, config: ServerConfig) -> int:
@@ -169,6 +171,8 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
     if on_round_end is not None:
         coord.subscribe(guarded(on_round_end, coord.log))
     check_port_free(config.server.address)  # a taken port is refused before the run dir is created or touched
+    if config.server.framed_address:
+        check_port_free(config.server.framed_address, "server.framed_address")
     # One writer per run directory, before anything listens or touches it (RunDirLocked names the holder).
     lock = RunDirLock.acquire(config.server.run_dir, config.server.address)
     try:
@@ -185,6 +189,8 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
         server = grpc.aio.server(options=grpc_options(config))
         servicer, health = add_to_server(server, coord)
         port = listen(server, config)
+        framed = FramedServer(servicer, config) if config.server.framed_address else None
+        framed_port = await framed.start() if framed is not None else 0
     except BaseException:
         coord.close()
         raise
@@ -194,6 +200,7 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
     sec = config.security
     transport = "plaintext" if sec.insecure else ("mutual-tls" if sec.client_ca else "tls")
     coord.log.info("server.listening", address=config.server.address, port=port, transport=transport,
+                   **({"framed_port": framed_port} if framed is not None else {}),
                    signed_requests=bool(sec.client_keys), event_loop=event_loop.running_loop_name())
     if ready is not None:
         ready(port, coord, servicer)
@@ -226,6 +233,8 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
         if stopper is not None:
             stopper.cancel()
         await set_serving(health, False)
+        if framed is not None:
+            await framed.close()
         await server.stop(grace=0.5)
         coord.close()
         coord.log.info("server.stopped")

@@ -98,6 +98,7 @@ class FederationServicer:
         self.idle_s = cfg.server.stream_idle_timeout_s
         self.log = coordinator.log
         self.refused = 0
+        self.framed_port = 0  # the framed Session transport's port, announced at join (fedserver.framed)
         # Per (model id, inline): a task's serialized header without its deadline, and what it was made from.
         self._headers: dict[tuple[str, bool], tuple[object, tuple[int, bool, float], bool, bytes]] = {}
         # Refusals are logged rate-limited per peer address and reason: a flood of bad calls cannot flood the log.
@@ -156,7 +157,7 @@ class FederationServicer:
             await self._refuse(context, "Join", e)
         return pb.JoinReply(session_id=res.session_id, config=self._join_config,
                             heartbeat_interval_s=self.coord.config.server.heartbeat_interval_s,
-                            client_index=res.client_index, then_pull=True)
+                            client_index=res.client_index, then_pull=True, framed_port=self.framed_port)
 
     async def _poll(self, request: pb.PullTaskRequest, raw: bytes, method: str,
                     context: grpc.aio.ServicerContext) -> tuple[str, Any]:

@@ -277,9 +277,10 @@ def main() -> int:
     ap.add_argument("--long-poll", type=float, default=0.0, metavar="S",
                     help="--virtual: server.long_poll_s and the clients' long_poll_s (default: the defaults, 20 s); "
                          "an idle client re-polls once per S seconds")
-    ap.add_argument("--transport", choices=["session", "unary"], default="session",
-                    help="how clients pull and push: one Session stream each (the default) or the unary PullTask "
-                         "and PushUpdate calls (client session_stream = false)")
+    ap.add_argument("--transport", choices=["session", "framed", "unary"], default="session",
+                    help="how clients pull and push: one gRPC Session stream each (the default), the same stream on "
+                         "the server's framed port (server.framed_address, fedguard/framing.py), or the unary "
+                         "PullTask and PushUpdate calls (client session_stream = false)")
     ap.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                     help="the server's event loop (server.event_loop; auto: uvloop where installed)")
     ap.add_argument("--py-spy", metavar="FILE", type=Path,
@@ -339,13 +340,14 @@ def main() -> int:
              # Long enough for every client to hear that the federation finished and leave (10,000 at once).
              "--linger", str(max(10, n // 400)),
              *(["--set", f"server.long_poll_s={args.long_poll}"] if args.long_poll else []),
+             *(["--framed-address", "127.0.0.1:0"] if args.transport == "framed" else []),
              "--min-available", str(n), "--model-kwargs", json.dumps({"hidden": args.hidden}), "--insecure"],
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env,  # noqa: SIM115
             preexec_fn=_pinned(server_cpus))
         if args.virtual:
             held = 1 if args.idle > 0 else 0
             poll: dict[str, Any] = {"long_poll_s": args.long_poll} if args.long_poll else {}
-            poll["session_stream"] = args.transport == "session"
+            poll["session_stream"] = args.transport != "unary"
             per = -(-(n - held) // args.procs)
             from fedlaunch.hosts import HostSpec, worker_command
 
@@ -357,7 +359,7 @@ def main() -> int:
         else:
             cmds = [[py, "-m", "fedclient", "--server", address, "--client-id", f"bench-{i}", "--data-index",
                      str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure",
-                     "--set", f"session_stream={str(args.transport == 'session').lower()}"]
+                     "--set", f"session_stream={str(args.transport != 'unary').lower()}"]
                     for i in range(n)]
             if args.cpu_breakdown is not None:  # the first client too, beside the server
                 cmds[0][1:3] = ["-m", "tools.cpu_breakdown", str(client_sums(args.cpu_breakdown)), "--client", "--"]
@@ -423,7 +425,8 @@ def main() -> int:
     rss = [r for _, r, _, _ in client_res]
     anon = [a for _, _, a, _ in client_res]
     layout = f"threads of {len(client_res)} process(es)" if args.virtual else "one process each"
-    via = "a Session stream each" if args.transport == "session" else "unary PullTask/PushUpdate calls"
+    via = {"session": "a Session stream each", "framed": "a Session stream each on the framed port",
+           "unary": "unary PullTask/PushUpdate calls"}[args.transport]
     print(f"K = {args.k} of N = {n} clients ({layout}; {via}), no-op trainer, {start['params']:,}-parameter MLP, "
           f"{args.rounds} timed rounds after {args.warmup} warm-up; server event loop: {loop}")
     print(f"median seconds per round (start -> aggregated): {statistics.median(per_round):.4f}  "

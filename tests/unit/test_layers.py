@@ -40,8 +40,9 @@ def test_the_pattern_finds_plain_function_level_and_dynamic_imports() -> None:
 
 
 def test_the_wire_package_holds_only_the_contract_signing_and_certificates() -> None:
+    # The contract: the protobuf conversions (wire) and the framed transport's format (framing).
     modules = {p.relative_to(ROOT / "fedguard").as_posix() for p in (ROOT / "fedguard").glob("*.py")}
-    assert modules == {"__init__.py", "wire.py", "signing.py", "certs.py"}
+    assert modules == {"__init__.py", "wire.py", "framing.py", "signing.py", "certs.py"}
 
 
 def test_the_launcher_and_run_tools_scripts_are_fedlaunch() -> None:

@@ -1,0 +1,322 @@
+"""The framed Session transport (``server.framed_address``, fedguard/framing.py) over real sockets on loopback: the
+same exchanges and checks as gRPC's Session stream, refusals as STATUS frames, TLS and mutual TLS with the
+certificate's identity, a client that cannot reach the port falling back to gRPC, and bit-identical models."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+
+from fedclient import ClientConfig, FedClient
+from fedclient.framed import FramedError, FramedSession
+from fedcore.config import ConfigError
+from fedcore.serialization import Reassembler
+from fedguard import framing, wire
+from fedguard.v1 import fedguard_pb2 as pb
+from fedlaunch.credentials import make_tls_dir
+from fedserver import ServerThread
+from tests.integration.helpers import mark_ready, server_config, stub, update_messages
+
+TOKEN = "s3cret"
+
+
+def _pull(fs: FramedSession, session: str, max_wait: float = 5.0) -> tuple[pb.TaskHeader | pb.Wait, Any]:
+    fs.send([pb.SessionRequest(pull=pb.PullTaskRequest(session_id=session, max_wait_s=max_wait)).SerializeToString()])
+    first = pb.SessionReply.FromString(fs.reply())
+    if first.WhichOneof("kind") == "wait":
+        return first.wait, None
+    h = first.header
+    asm = Reassembler(wire.metas_from_pb(h.tensors), h.total_bytes)
+    while asm.received < asm.expected:
+        m = pb.SessionReply.FromString(fs.reply())
+        asm.feed(m.chunk.offset, m.chunk.data)
+    return h, asm.finish()
+
+
+def _push(fs: FramedSession, messages: Iterator[pb.UpdateMessage]) -> pb.SessionReply:
+    fs.send([m.SerializeToString() for m in messages])  # UpdateMessage's fields are SessionRequest's
+    return pb.SessionReply.FromString(fs.reply())
+
+
+@pytest.fixture
+def federation(tmp_path: Path) -> Iterator[tuple[ServerThread, Any, int]]:
+    cfg = server_config(tmp_path, server={"token": TOKEN, "chunk_bytes": 4096, "framed_address": "127.0.0.1:0"},
+                        rounds={"num_rounds": 2, "clients_per_round": 2, "min_updates": 1, "round_timeout_s": 30.0})
+    srv = ServerThread(cfg, linger_s=0.1).start()
+    ch, s = stub(srv.address)
+    port = s.Join(pb.JoinRequest(client_id="probe", token=TOKEN), timeout=5).framed_port
+    assert port and port != srv.port  # announced at join
+    yield srv, s, port
+    ch.close()
+    srv.stop()
+
+
+def _connect(srv: ServerThread, port: int) -> FramedSession:
+    return FramedSession.connect(ClientConfig(insecure=True, server=srv.address), port)
+
+
+def _join(s: Any, name: str) -> str:
+    return str(s.Join(pb.JoinRequest(client_id=name, token=TOKEN), timeout=5).session_id)
+
+
+def test_a_round_on_the_framed_port(federation: tuple[ServerThread, Any, int]) -> None:
+    """Pull, task, update, pushed on one framed connection per device, model chunks included (chunk_bytes 4 KiB);
+    the round closes with both updates."""
+    srv, s, port = federation
+    sessions = {name: _join(s, name) for name in ("a", "b")}
+    mark_ready(s, sessions.values())
+    conns = {name: _connect(srv, port) for name in sessions}
+    for name, fs in conns.items():
+        header, state = _pull(fs, sessions[name], max_wait=10.0)
+        assert isinstance(header, pb.TaskHeader) and header.round == 1
+        reply = _push(fs, update_messages(sessions[name], 1, {k: v + 0.01 for k, v in state.items()}))
+        assert reply.WhichOneof("kind") == "pushed" and reply.pushed.accepted
+    srv.wait_for_round(1, timeout=20)
+    assert [(r.round, r.accepted) for r in srv.status().history] == [(1, 2)]
+    for fs in conns.values():
+        fs.cancel()
+
+
+@pytest.mark.parametrize(("case", "code", "text"), [
+    ("wrong_shape", grpc.StatusCode.INVALID_ARGUMENT, "has shape [3, 3], expected"),
+    ("other_session", grpc.StatusCode.UNAUTHENTICATED, "unknown session"),
+    ("chunk_first", grpc.StatusCode.INVALID_ARGUMENT, "starts with a pull or an update header, not chunk"),
+])
+def test_a_refusal_arrives_as_its_status_and_is_recorded(federation: tuple[ServerThread, Any, int], case: str,
+                                                         code: grpc.StatusCode, text: str) -> None:
+    srv, s, port = federation
+    sid, sid_b = _join(s, "a"), _join(s, "b")
+    mark_ready(s, [sid, sid_b])
+    fs = _connect(srv, port)
+    header, state = _pull(fs, sid, max_wait=10.0)
+    assert isinstance(header, pb.TaskHeader)
+    bad = {k: v.clone() for k, v in state.items()}
+    if case == "wrong_shape":
+        bad[next(iter(bad))] = torch.zeros(3, 3)
+    messages = list(update_messages("f" * 32 if case == "other_session" else sid, 1, bad))
+    if case == "chunk_first":
+        messages = messages[1:]
+    with pytest.raises(FramedError) as e:
+        _push(fs, iter(messages))
+    assert e.value.code() == code and text in e.value.details(), e.value.details()
+    assert fs.broken
+    rejected = srv.call(lambda: dict(srv.coordinator.state.rejected))
+    assert ("a" in rejected) == (case == "wrong_shape"), rejected  # recorded against a's update, as on gRPC
+    again = _connect(srv, port)  # a new connection goes on: a's update, or (a's refused for the round) b's
+    if case == "wrong_shape":
+        header, state = _pull(again, sid_b, max_wait=10.0)
+        assert isinstance(header, pb.TaskHeader)
+    assert _push(again, update_messages(sid_b if case == "wrong_shape" else sid, 1, state)).pushed.accepted
+    again.cancel()
+
+
+def _raw(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+@pytest.mark.parametrize("case", ["preamble", "oversized", "kind"])
+def test_a_broken_format_is_refused_with_its_reason(federation: tuple[ServerThread, Any, int], case: str) -> None:
+    """Not fedguard's preamble (a gRPC or HTTP client at the wrong port), a frame over server.max_message_bytes
+    (refused on its header: nothing of it is sent, nothing buffered), an unknown frame kind: a STATUS frame says
+    why, the connection closes, the refusal is counted and logged (rpc.refused)."""
+    srv, _, port = federation
+    before = srv.servicer.refused
+    sock = _raw(port)
+    bound = srv.config.server.max_message_bytes
+    sock.sendall({"preamble": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+                  "oversized": framing.MAGIC + framing.frame_header(framing.MESSAGE, bound + 1),
+                  "kind": framing.MAGIC + framing.frame_header(9, 3) + b"abc"}[case])
+    data = _read_all(sock)
+    sock.close()
+    assert data.startswith(framing.MAGIC)
+    reader = framing.FrameReader(1 << 20)
+    reader.feed(data)
+    kind, payload = reader.frames.popleft()
+    assert kind == framing.STATUS
+    code, details = framing.parse_status(payload)
+    assert (code, details.split(" (")[0].split(" of ")[0]) == {
+        "preamble": ("INVALID_ARGUMENT", "not a fedguard framed session"),
+        "oversized": ("RESOURCE_EXHAUSTED", "a frame"),
+        "kind": ("INVALID_ARGUMENT", "unknown frame kind 9")}[case], details
+    if case == "oversized":
+        assert str(bound) in details
+    assert srv.servicer.refused == before + 1
+
+
+def test_a_connection_that_goes_away_ends_its_parked_poll(federation: tuple[ServerThread, Any, int]) -> None:
+    """As a cancelled gRPC call does: the device's long-poll no longer counts as its contact."""
+    srv, s, port = federation
+    sid = _join(s, "a")
+    fs = _connect(srv, port)
+    fs.send([pb.SessionRequest(pull=pb.PullTaskRequest(session_id=sid, max_wait_s=30)).SerializeToString()])
+    deadline = time.monotonic() + 10
+    while "a" not in srv.call(srv.coordinator.polls.connected) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "a" in srv.call(srv.coordinator.polls.connected)
+    fs.cancel()
+    while "a" in srv.call(srv.coordinator.polls.connected) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "a" not in srv.call(srv.coordinator.polls.connected)
+
+
+def test_a_connection_that_never_speaks_is_ended_within_the_stream_idle_timeout(tmp_path: Path) -> None:
+    cfg = server_config(tmp_path, server={"token": TOKEN, "stream_idle_timeout_s": 0.3,
+                                          "framed_address": "127.0.0.1:0"},
+                        rounds={"num_rounds": 1, "clients_per_round": 2, "round_timeout_s": 60.0})
+    with ServerThread(cfg, linger_s=0.1) as srv:
+        fs = _connect(srv, srv.servicer.framed_port)
+        started = time.monotonic()
+        with pytest.raises(FramedError) as e:
+            fs.reply()
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.value.details()
+        assert time.monotonic() - started < 10  # 0.3 s, not the 60 s round
+
+
+def _federation(tmp_path: Path, framed: bool, **security: Any) -> tuple[torch.Tensor, list[Any], int]:
+    """Three clients, three rounds; the global model, the clients' summaries, the framed connections served."""
+    from fedserver import framed as framed_module
+
+    served = []
+    made = framed_module._Connection.connection_made
+
+    def counting(self: Any, transport: Any) -> None:
+        served.append(1)
+        made(self, transport)
+
+    sections: dict[str, Any] = {"security": security} if security else {}
+    cfg = server_config(tmp_path, server={"framed_address": "127.0.0.1:0" if framed else ""},
+                        rounds={"num_rounds": 3, "clients_per_round": 3, "seed": 5}, **sections)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(framed_module._Connection, "connection_made", counting)
+    try:
+        with ServerThread(cfg, linger_s=0.5) as srv:
+            clients = []
+            for i in range(3):
+                opts: dict[str, Any] = {"insecure": True}
+                if security:
+                    d = Path(security["client_ca"]).parent
+                    opts = {"ca_cert": str(d / "ca.pem"), "cert": str(d / "clients" / f"client-{i}.pem"),
+                            "key": str(d / "clients" / f"client-{i}.key"), "server_name": "localhost"}
+                clients.append(FedClient(ClientConfig(server=srv.address, client_id=f"client-{i}", data_index=i,
+                                                      long_poll_s=5.0, **opts)).start())
+            status = srv.wait(90)
+            assert status is not None and status.outcome == "completed", status
+            summaries = [c.join(30) for c in clients]
+            flat = torch.cat([t.reshape(-1) for t in srv.global_model().state_dict().values()])
+    finally:
+        mp.undo()
+    return flat, summaries, len(served)
+
+
+def test_the_framed_transport_changes_no_number(tmp_path: Path) -> None:
+    """The same federation on the framed port and on gRPC's Session stream: bit-identical global models; every
+    client's exchanges went over the framed port (one connection each, none refused or replaced)."""
+    framed, summaries, served = _federation(tmp_path / "framed", True)
+    grpc_only, _, none = _federation(tmp_path / "grpc", False)
+    assert all(s.finished and s.rounds_trained == 3 and s.reconnects == 0 for s in summaries), summaries
+    assert served == 3 and none == 0
+    assert torch.equal(framed.view(torch.int32), grpc_only.view(torch.int32))
+
+
+def test_mutual_tls_on_the_framed_port_holds_each_client_to_its_certificate(tmp_path: Path) -> None:
+    """With mutual TLS the framed port asks for the client certificate as gRPC's does, and the certificate's id is
+    the one the session must belong to: a federation of mTLS clients completes over it; alice's certificate with
+    bob's session is refused PERMISSION_DENIED; no certificate, or one of another CA, fails the handshake."""
+    d = make_tls_dir([f"client-{i}" for i in range(3)] + ["alice", "bob"], tmp_path / "pki")
+    other = make_tls_dir(["alice"], tmp_path / "other")
+    security = {"tls_cert": str(d / "server.pem"), "tls_key": str(d / "server.key"), "client_ca": str(d / "ca.pem")}
+    _, summaries, served = _federation(tmp_path / "fed", True, **security)
+    assert served == 3 and all(s.rounds_trained == 3 for s in summaries), summaries
+
+    cfg = server_config(tmp_path / "single", server={"framed_address": "127.0.0.1:0"},
+                        rounds={"num_rounds": 1, "clients_per_round": 2}, security=security)
+    with ServerThread(cfg, linger_s=0.1) as srv:
+        port = srv.servicer.framed_port
+
+        def config(name: str, ca: Path = d) -> ClientConfig:
+            return ClientConfig(server=srv.address, ca_cert=str(ca / "ca.pem"), server_name="localhost",
+                                cert=str(ca / "clients" / f"{name}.pem"), key=str(ca / "clients" / f"{name}.key"))
+
+        creds = grpc.ssl_channel_credentials((d / "ca.pem").read_bytes(), (d / "clients" / "bob.key").read_bytes(),
+                                             (d / "clients" / "bob.pem").read_bytes())
+        ch = grpc.secure_channel(srv.address, creds, options=[("grpc.ssl_target_name_override", "localhost")])
+        from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
+
+        bob = pb_grpc.FederationStub(ch).Join(pb.JoinRequest(client_id="bob"), timeout=10).session_id
+        ch.close()
+        with FramedSession.connect(config("alice"), port) as fs:
+            with pytest.raises(FramedError) as e:
+                _pull(fs, bob)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value.details()
+            assert "authenticated client 'alice'" in e.value.details()
+        with FramedSession.connect(config("bob"), port) as fs:
+            wait, _ = _pull(fs, bob, max_wait=0.1)  # bob's own session: answered
+            assert isinstance(wait, pb.Wait)
+        for bad in (ClientConfig(server=srv.address, ca_cert=str(d / "ca.pem"), server_name="localhost"),
+                    config("alice", other)):
+            with pytest.raises((OSError, FramedError)):  # the handshake, or the first read after it, fails
+                fs = FramedSession.connect(bad, port)
+                _pull(fs, bob, max_wait=0.1)
+
+
+def test_a_client_that_cannot_reach_the_framed_port_uses_grpc(tmp_path: Path) -> None:
+    """The announced port is not reachable from the client (here: nothing listens there): each client says so once
+    (client.framed_off) and completes the federation on gRPC's Session stream."""
+    events: list[str] = []
+    cfg = server_config(tmp_path, server={"framed_address": "127.0.0.1:0"},
+                        rounds={"num_rounds": 2, "clients_per_round": 2})
+    with ServerThread(cfg, linger_s=0.5) as srv:
+        with socket.socket() as probe:  # a port nothing listens on
+            probe.bind(("127.0.0.1", 0))
+            closed = probe.getsockname()[1]
+        srv.call(lambda: setattr(srv.servicer, "framed_port", closed))
+        clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
+                                          long_poll_s=5.0)) for i in range(2)]
+        for c in clients:
+            log = c.connection.log
+
+            class Recorder:
+                def __getattr__(self, name: str, log: Any = log) -> Any:
+                    method = getattr(log, name)
+
+                    def record(event: str, *args: Any, **kw: Any) -> Any:
+                        events.append(event)
+                        return method(event, *args, **kw)
+
+                    return record
+
+            c.connection.log = Recorder()
+            c.start()
+        status = srv.wait(60)
+        assert status is not None and status.outcome == "completed", status
+        assert all(c.join(30).rounds_trained == 2 for c in clients)
+    assert events.count("client.framed_off") == 2  # once per client
+
+
+def test_a_framed_address_in_use_is_refused_naming_the_field(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = server_config(tmp_path, server={"framed_address": f"127.0.0.1:{port}"})
+        with pytest.raises(ConfigError) as e:
+            ServerThread(cfg).start()
+        assert e.value.field == "server.framed_address" and "--framed-address" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        server_config(tmp_path, server={"framed_address": "nope"})
+    assert e.value.field == "server.framed_address"
