@@ -101,6 +101,9 @@ class ServerSection:
     # bounds (fedguard/framing.py). The port is announced at join; a client that cannot reach it uses gRPC's
     # Session stream. About half the server's CPU per client-round (docs/benchmarks.md).
     framed_address: str = ""
+    # Connections the framed port holds at once; one more is answered RESOURCE_EXHAUSTED and closed (its client
+    # retries). A connection that says nothing within stream_idle_timeout_s is closed, its TLS handshake too.
+    framed_max_connections: int = 20_000
     # The federation's name, announced to the clients at join and shown by GetStatus.
     federation_id: str = "fedguard"
     # Shared join secret; empty accepts any client. Never written to the run dir or printed (redacted); prefer
@@ -360,6 +363,8 @@ def validate_server_config(c: ServerConfig) -> None:
     require(_valid_address(s.address), "server.address", f"expected host:port, got {s.address!r}")
     require(not s.framed_address or _valid_address(s.framed_address), "server.framed_address",
             f"expected host:port (or empty: off), got {s.framed_address!r}")
+    require(s.framed_max_connections >= 1, "server.framed_max_connections",
+            f"must be >= 1, got {s.framed_max_connections}")
     require(bool(s.federation_id), "server.federation_id", "must not be empty")
     require(s.chunk_bytes >= 1024, "server.chunk_bytes", f"must be >= 1024, got {s.chunk_bytes}")
     require(s.max_message_bytes >= s.chunk_bytes + 4096, "server.max_message_bytes",

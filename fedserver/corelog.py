@@ -39,10 +39,19 @@ _REASONS = (
     (b"unable to get local issuer certificate", "unknown CA (client certificate not signed by the client CA)"),
     (b"self signed certificate", "unknown CA (self-signed client certificate)"),
     (b"CERTIFICATE_VERIFY_FAILED", "client certificate did not verify"),
+    (b"TLSV1_ALERT_UNKNOWN_CA", "the client does not trust this server's certificate (unknown CA)"),
     (b"WRONG_VERSION_NUMBER", "not TLS (a plaintext client?)"),
     (b"HTTP_REQUEST", "not TLS (a plaintext client?)"),
 )
 MAX_LINE = 8192
+
+
+def check_named(detail: bytes) -> str | None:
+    """The check an OpenSSL error text names (gRPC core's line, or Python's ``ssl.SSLError``), or None."""
+    for needle, reason in _REASONS:
+        if needle in detail:
+            return reason
+    return None
 
 
 def handshake_reason(line: bytes) -> str | None:
@@ -54,9 +63,9 @@ def handshake_reason(line: bytes) -> str | None:
     if h is None:
         return None
     detail = h.group("detail") or b""
-    for needle, reason in _REASONS:
-        if needle in detail:
-            return reason
+    named = check_named(detail)
+    if named is not None:
+        return named
     return f"TLS handshake failed ({h.group('error').decode('ascii', 'replace')}: " \
            f"{detail[-120:].decode('utf-8', 'replace')})"
 

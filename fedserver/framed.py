@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 import ssl
+from asyncio.sslproto import SSLProtocol  # asyncio's TLS layer, the one create_server(ssl=...) uses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, NoReturn, cast
@@ -24,6 +26,7 @@ from fedcore.config import ConfigError, ServerConfig
 from fedcore.identity import shorten
 from fedguard import framing
 from fedguard.v1 import fedguard_pb2 as pb
+from fedserver.corelog import check_named
 from fedserver.servicer import FederationServicer, Incoming, _decoder, _serialize_task
 
 # A connection's frames received and not yet read by its handler: reading pauses above this many bytes (and at
@@ -148,12 +151,18 @@ class _Connection(asyncio.Protocol):
     # ---- asyncio's callbacks ----
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """The connection is open (with TLS: its handshake is done; :class:`_Handshake` logs a refused one)."""
         self.transport = t = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         _set_keepalive(t.get_extra_info("socket"))
         self.peer = peer_string(t.get_extra_info("peername"))
         t.set_write_buffer_limits(high=READ_AHEAD_BYTES)
-        self.server.connections.add(self)
         t.write(framing.MAGIC)
+        bound = self.server.config.server.framed_max_connections
+        if len(self.server.connections) >= bound:
+            self.fail("RESOURCE_EXHAUSTED", f"the framed port holds {bound} connections "
+                                            "(server.framed_max_connections); retry later")
+            return
+        self.server.connections.add(self)
         self.context = FramedContext(self.peer, t.get_extra_info("ssl_object"))
         self.task = asyncio.get_running_loop().create_task(self._serve())
 
@@ -247,7 +256,8 @@ class _Connection(asyncio.Protocol):
         self._end(code, details)
 
     def fail(self, code: str, details: str) -> None:
-        """The client broke the format: refuse it (logged as ``rpc.refused``), end its handler, close."""
+        """Refuse the connection (it broke the format, or the port is full): logged as ``rpc.refused``, its
+        handler ended, the status sent, closed."""
         servicer = self.server.servicer
         servicer.refused += 1
         servicer.refusals.event("rpc.refused", self.peer, f"Session:{code}", method="Session", code=code,
@@ -273,6 +283,34 @@ class _Connection(asyncio.Protocol):
         asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
 
 
+class _Handshake(SSLProtocol):
+    """The TLS layer of one connection, in front of its :class:`_Connection` (asyncio's own, as
+    ``create_server(ssl=...)`` uses; on uvloop too). Made here rather than by the loop so that a refused handshake
+    is logged (``tls.handshake_refused``, with the check it failed and the peer's address): the loops' own TLS
+    servers drop it silently."""
+
+    def __init__(self, server: FramedServer, context: ssl.SSLContext) -> None:
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        super().__init__(loop, _Connection(server), context, waiter, server_side=True,
+                         ssl_handshake_timeout=max(1, math.ceil(server.config.server.stream_idle_timeout_s)))
+        self.peer = ""
+        self.refusals = server.servicer.refusals
+        waiter.add_done_callback(self._done)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.peer = peer_string(transport.get_extra_info("peername"))
+        _set_keepalive(transport.get_extra_info("socket"))
+        super().connection_made(transport)
+
+    def _done(self, waiter: asyncio.Future[None]) -> None:
+        e = None if waiter.cancelled() else waiter.exception()
+        if e is None:
+            return
+        reason = check_named(str(e).encode()) or f"TLS handshake failed ({type(e).__name__}: {shorten(str(e), 160)})"
+        self.refusals.event("tls.handshake_refused", self.peer, reason, reason=reason, source="framed port")
+
+
 class FramedServer:
     """The framed port of one server: :meth:`start` it after the gRPC port, :meth:`close` it before."""
 
@@ -283,7 +321,7 @@ class FramedServer:
         self.connections: set[_Connection] = set()
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
-        self._ssl = None if config.security.insecure else server_ssl_context(config)
+        self.ssl = None if config.security.insecure else server_ssl_context(config)
 
     async def start(self) -> int:
         """Listen on ``server.framed_address``; the port bound (a ``ConfigError`` naming the field otherwise)."""
@@ -296,14 +334,15 @@ class FramedServer:
         loop = asyncio.get_running_loop()
         try:
             self._server = await loop.create_server(
-                lambda: _Connection(self), host.strip("[]") or None, port, ssl=self._ssl,
-                ssl_handshake_timeout=self.config.server.stream_idle_timeout_s if self._ssl is not None else None,
-                backlog=4096, reuse_address=True)
+                self._protocol, host.strip("[]") or None, port, backlog=4096, reuse_address=True)
         except OSError as e:
             raise ConfigError("server.framed_address", f"cannot listen on {address}: {e.strerror or e}") from None
         bound = int(self._server.sockets[0].getsockname()[1])
         self.servicer.framed_port = bound
         return bound
+
+    def _protocol(self) -> asyncio.BaseProtocol:
+        return _Connection(self) if self.ssl is None else _Handshake(self, self.ssl)
 
     async def close(self) -> None:
         """Stop accepting, and end every connection (its client is told UNAVAILABLE: retry)."""

@@ -48,6 +48,7 @@ FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("fedcore.rounds", "step"),
     ("fedserver.dispatch", "TaskDispatcher.task_for"),
     ("fedserver.persistence", "Persistence.snapshot"),
+    ("fedserver.framed", "_Connection.data_received"),
     ("structlog.stdlib", "BoundLogger.info"),
     ("structlog.stdlib", "BoundLogger.debug"),
 )
@@ -61,6 +62,8 @@ CLIENT_FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("fedclient.runner", "update_frames"),
     ("fedclient.stream", "SessionStream.reply"),
     ("fedclient.stream", "SessionStream.send"),
+    ("fedclient.framed", "FramedSession.reply"),
+    ("fedclient.framed", "FramedSession.send"),
 )
 
 

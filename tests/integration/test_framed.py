@@ -158,6 +158,36 @@ def test_a_broken_format_is_refused_with_its_reason(federation: tuple[ServerThre
     assert srv.servicer.refused == before + 1
 
 
+def test_connections_over_the_bound_are_refused_and_the_held_ones_go_on(tmp_path: Path) -> None:
+    cfg = server_config(tmp_path, server={"token": TOKEN, "framed_address": "127.0.0.1:0",
+                                          "framed_max_connections": 2},
+                        rounds={"num_rounds": 1, "clients_per_round": 2})
+    with ServerThread(cfg, linger_s=0.1) as srv:
+        ch, s = stub(srv.address)
+        sid = _join(s, "a")
+        held = [_connect(srv, srv.servicer.framed_port) for _ in range(2)]
+        over = _connect(srv, srv.servicer.framed_port)
+        with pytest.raises(FramedError) as e:
+            _pull(over, sid, max_wait=0.1)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "server.framed_max_connections" in e.value.details()
+        for fs in held:  # the two held ones are served
+            wait, _ = _pull(fs, sid, max_wait=0.1)
+            assert isinstance(wait, pb.Wait)
+            fs.cancel()
+        deadline = time.monotonic() + 10
+        while True:  # room again once the server has seen them close
+            again = _connect(srv, srv.servicer.framed_port)
+            try:
+                assert isinstance(_pull(again, sid, max_wait=0.1)[0], pb.Wait)
+                break
+            except FramedError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                time.sleep(0.05)
+        again.cancel()
+        ch.close()
+
+
 def test_a_connection_that_goes_away_ends_its_parked_poll(federation: tuple[ServerThread, Any, int]) -> None:
     """As a cancelled gRPC call does: the device's long-poll no longer counts as its contact."""
     srv, s, port = federation
@@ -267,11 +297,30 @@ def test_mutual_tls_on_the_framed_port_holds_each_client_to_its_certificate(tmp_
         with FramedSession.connect(config("bob"), port) as fs:
             wait, _ = _pull(fs, bob, max_wait=0.1)  # bob's own session: answered
             assert isinstance(wait, pb.Wait)
+        refused: list[tuple[str, str, str]] = []
+        event = srv.servicer.refusals.event
+
+        def record(name: str, peer: str, kind: str, **fields: Any) -> bool:
+            refused.append((name, peer, fields.get("reason", "")))
+            return event(name, peer, kind, **fields)
+
+        srv.servicer.refusals.event = record  # type: ignore[method-assign]
         for bad in (ClientConfig(server=srv.address, ca_cert=str(d / "ca.pem"), server_name="localhost"),
+                    ClientConfig(server=srv.address, ca_cert=str(d / "ca.pem"), server_name="localhost",
+                                 cert=str(other / "clients" / "alice.pem"), key=str(other / "clients" / "alice.key")),
                     config("alice", other)):
             with pytest.raises((OSError, FramedError)):  # the handshake, or the first read after it, fails
                 fs = FramedSession.connect(bad, port)
                 _pull(fs, bob, max_wait=0.1)
+        deadline = time.monotonic() + 10
+        while len(refused) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # The server names each refused handshake, with the peer's address (gRPC's core line carries none).
+        assert [(name, reason) for name, _, reason in refused] == [
+            ("tls.handshake_refused", "client certificate required"),
+            ("tls.handshake_refused", "unknown CA (client certificate not signed by the client CA)"),
+            ("tls.handshake_refused", "the client does not trust this server's certificate (unknown CA)")], refused
+        assert all(peer.startswith("ipv4:127.0.0.1:") for _, peer, _ in refused), refused
 
 
 def test_a_client_that_cannot_reach_the_framed_port_uses_grpc(tmp_path: Path) -> None:
