@@ -55,6 +55,8 @@ class Incoming:
     kind: Any = None
 
 
+# A Session stream's answer to an update taken (the same bytes every time).
+_PUSHED = pb.SessionReply(pushed=pb.PushReply(accepted=True)).SerializeToString()
 # The stream messages whose chunks are read in place.
 _CHUNKED = (pb.UpdateMessage, pb.SessionRequest)
 
@@ -373,7 +375,7 @@ class FederationServicer:
             except ProtocolError as e:
                 await self._refuse(context, "Session", e)
             if pushed:
-                yield pb.SessionReply(pushed=pb.PushReply(accepted=True))
+                yield _PUSHED
                 continue
             message: pb.TaskMessage | bytes | None = None
             for message in self._task_messages(res, inline_ok):

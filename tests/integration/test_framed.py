@@ -4,6 +4,7 @@ certificate's identity, a client that cannot reach the port falling back to gRPC
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -369,3 +370,84 @@ def test_a_framed_address_in_use_is_refused_naming_the_field(tmp_path: Path) -> 
     with pytest.raises(ConfigError) as e:
         server_config(tmp_path, server={"framed_address": "nope"})
     assert e.value.field == "server.framed_address"
+
+
+# ---- hostile bytes on the framed port, while honest clients train on it ----
+
+HOSTILE_END = {"OK", "INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED", "FAILED_PRECONDITION",
+               "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "UNAVAILABLE"}  # never UNKNOWN or INTERNAL
+
+
+def _hostile_frames() -> Any:
+    from hypothesis import strategies as st
+
+    session = st.one_of(st.text(max_size=40), st.just("f" * 32))
+    pull = st.builds(lambda s, w, d: pb.SessionRequest(pull=pb.PullTaskRequest(
+        session_id=s, max_wait_s=w, declined=d)).SerializeToString(),
+        session, st.floats(allow_nan=True, allow_infinity=True), st.booleans())
+    header = st.builds(lambda s, r, n: next(update_messages(s, r, {"w": torch.zeros(3)}, announce=n))
+                       .SerializeToString(), session, st.integers(0, 2**40),
+                       st.one_of(st.none(), st.integers(0, 2**40)))
+    payload = st.one_of(st.binary(max_size=300), pull, header)
+    frame = st.builds(lambda k, p: framing.frame_header(k, len(p)) + p,
+                      st.one_of(st.just(framing.MESSAGE), st.just(framing.STATUS), st.integers(0, 255)), payload)
+    return st.builds(lambda frames, cut: b"".join(frames)[:cut] if cut is not None else b"".join(frames),
+                     st.lists(frame, max_size=4), st.one_of(st.none(), st.integers(0, 600)))
+
+
+def test_hostile_bytes_get_a_status_and_never_an_update_in(tmp_path: Path) -> None:
+    """Random and half-valid frames (undecodable payloads, pulls and update headers of made-up sessions, unknown
+    kinds, frames cut anywhere) from other connections while three honest clients train on the framed port: every
+    hostile connection ends with a STATUS frame of an expected code (never INTERNAL or UNKNOWN), the server keeps
+    serving, every round accepts exactly the honest updates."""
+    from hypothesis import HealthCheck, given, settings
+
+    from fedcore.simulation import SimulationConfig
+
+    cfg = server_config(tmp_path, server={"framed_address": "127.0.0.1:0", "stream_idle_timeout_s": 0.3},
+                        rounds={"num_rounds": 4, "clients_per_round": 3, "min_available": 3})
+    with ServerThread(cfg, linger_s=0.5) as srv:
+        port = srv.servicer.framed_port
+        clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
+                                          long_poll_s=5.0, simulation=SimulationConfig(straggler_delay_s=0.5)))
+                   for i in range(3)]  # the rounds last while the hostile connections come and go
+        codes: list[str] = []
+
+        @settings(deadline=None, derandomize=True, database=None, max_examples=50,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @given(data=_hostile_frames())
+        def hostile(data: bytes) -> None:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                with contextlib.suppress(OSError):  # the server may refuse and close before all is sent
+                    sock.sendall(framing.MAGIC + data)
+                got = b""
+                reader = framing.FrameReader(1 << 20)
+                while True:
+                    try:
+                        chunk = sock.recv(65536)
+                    except ConnectionResetError:
+                        break
+                    if not chunk:
+                        break
+                    got += chunk
+                reader.feed(got)
+                statuses = [framing.parse_status(p) for k, p in reader.frames if k == framing.STATUS]
+                assert statuses, (data[:80], got[:80])
+                codes.append(statuses[-1][0])
+                assert statuses[-1][0] in HOSTILE_END, statuses
+
+        hostile_error: list[BaseException] = []
+        for c in clients:
+            c.start()
+        try:
+            hostile()
+        except BaseException as e:  # re-raised once the clients are stopped
+            hostile_error.append(e)
+        status = srv.wait(120)
+        summaries = [c.join(30) for c in clients]
+        if hostile_error:
+            raise hostile_error[0]
+        assert status is not None and status.outcome == "completed", status
+        assert [r.accepted for r in status.history] == [3, 3, 3, 3]
+        assert all(s.rounds_trained == 4 for s in summaries), summaries
+    assert len(codes) == 50 and {"INVALID_ARGUMENT", "UNAUTHENTICATED", "OK"} <= set(codes), codes
