@@ -99,7 +99,8 @@ class ServerSection:
     # host:port of the framed Session transport, beside gRPC (empty: off; port 0 picks a free one): the clients'
     # Session streams on connections the server's event loop serves itself, with the same TLS, identity checks and
     # bounds (fedguard/framing.py). The port is announced at join; a client that cannot reach it uses gRPC's
-    # Session stream. About half the server's CPU per client-round (docs/benchmarks.md).
+    # Session stream. 28-37 % less server CPU per client-round than gRPC's stream, and no gRPC threads in the client
+    # (docs/benchmarks.md, "The framed Session transport").
     framed_address: str = ""
     # Connections the framed port holds at once; one more is answered RESOURCE_EXHAUSTED and closed (its client
     # retries). A connection that says nothing within stream_idle_timeout_s is closed, its TLS handshake too.

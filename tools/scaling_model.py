@@ -374,13 +374,17 @@ def _env() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
 
 
+# Extra fedserver flags of every measured run (``--framed``: the framed Session transport).
+SERVER_FLAGS: list[str] = []
+
+
 def server_command(address: str, run_dir: Path, rounds: int, k: int, min_available: int, hidden: Sequence[int],
                    extra: Sequence[str] = ()) -> list[str]:
     """fedserver's command line as tools/bench_rounds.py builds it."""
     return [sys.executable, "-m", "fedserver", "--address", address, "--rounds", str(rounds), "-k", str(k),
             "--run-dir", str(run_dir), "--log-json", "--log-level", "info", "--linger", "10",
             "--min-available", str(min_available), "--model-kwargs", json.dumps({"hidden": list(hidden)}),
-            "--insecure", *extra]
+            "--insecure", *SERVER_FLAGS, *extra]
 
 
 def client_commands(address: str, n: int, procs: int, tmp: Path, tag: str) -> list[list[str]]:
@@ -746,7 +750,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=8, help="timed rounds per calibration run")
     ap.add_argument("--quick", action="store_true", help="4 timed rounds per run")
+    ap.add_argument("--framed", action="store_true",
+                    help="measure with the framed Session transport (server.framed_address) instead of gRPC's")
     args = ap.parse_args()
+    if args.framed:
+        SERVER_FLAGS[:] = ["--framed-address", "127.0.0.1:0"]
     torch.set_num_threads(1)
     t0 = time.monotonic()
     cal = calibrate(4 if args.quick else args.rounds)
