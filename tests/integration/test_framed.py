@@ -451,3 +451,45 @@ def test_hostile_bytes_get_a_status_and_never_an_update_in(tmp_path: Path) -> No
         assert [r.accepted for r in status.history] == [3, 3, 3, 3]
         assert all(s.rounds_trained == 4 for s in summaries), summaries
     assert len(codes) == 50 and {"INVALID_ARGUMENT", "UNAUTHENTICATED", "OK"} <= set(codes), codes
+
+
+def test_a_certificate_revoked_while_its_poll_is_parked_is_refused_on_the_framed_port(tmp_path: Path) -> None:
+    """As on gRPC (docs/security.md, "Revocation"): a changed CRL ends the parked polls at once, and the device's
+    next exchange on the same framed connection is refused, naming the revocation, within seconds."""
+    from cryptography import x509
+
+    from fedguard.certs import read_ca, revoke
+    from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
+
+    d = make_tls_dir(["alice"], tmp_path / "pki")
+    crl = tmp_path / "clients.crl"
+    revoke(read_ca(d), crl, [1])  # a list that names someone else
+    security = {"tls_cert": str(d / "server.pem"), "tls_key": str(d / "server.key"), "client_ca": str(d / "ca.pem"),
+                "crl": str(crl)}
+    cfg = server_config(tmp_path / "run", server={"framed_address": "127.0.0.1:0"},
+                        rounds={"num_rounds": 1, "clients_per_round": 2}, security=security)
+    alice = {"cert": str(d / "clients" / "alice.pem"), "key": str(d / "clients" / "alice.key")}
+    with ServerThread(cfg, linger_s=0.1) as srv:
+        creds = grpc.ssl_channel_credentials((d / "ca.pem").read_bytes(), (d / "clients" / "alice.key").read_bytes(),
+                                             (d / "clients" / "alice.pem").read_bytes())
+        ch = grpc.secure_channel(srv.address, creds, options=[("grpc.ssl_target_name_override", "localhost")])
+        sid = pb_grpc.FederationStub(ch).Join(pb.JoinRequest(client_id="alice"), timeout=10).session_id
+        ch.close()
+        fs = FramedSession.connect(ClientConfig(server=srv.address, ca_cert=str(d / "ca.pem"),
+                                                server_name="localhost", **alice), srv.servicer.framed_port)
+        wait, _ = _pull(fs, sid, max_wait=0.1)
+        assert isinstance(wait, pb.Wait)  # served before the revocation
+        fs.send([pb.SessionRequest(pull=pb.PullTaskRequest(session_id=sid, max_wait_s=30)).SerializeToString()])
+        deadline = time.monotonic() + 10
+        while "alice" not in srv.call(srv.coordinator.polls.connected) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        serial = x509.load_pem_x509_certificate((d / "clients" / "alice.pem").read_bytes()).serial_number
+        revoked_at = time.monotonic()
+        revoke(read_ca(d), crl, [serial])
+        ended = pb.SessionReply.FromString(fs.reply())  # the parked poll, ended by the changed list
+        assert ended.WhichOneof("kind") == "wait" and "revocation list changed" in ended.wait.reason, ended
+        with pytest.raises(FramedError) as e:
+            _pull(fs, sid, max_wait=0.1)
+        assert e.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+        assert "revoked" in e.value.details(), e.value.details()
+        assert time.monotonic() - revoked_at < 5, time.monotonic() - revoked_at
