@@ -113,10 +113,13 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "    (no log)"
 
 
-def run_fedguard(k: int, rounds: int, hidden: list[int], log: Path) -> tuple[SideResult, int]:
-    """tools/bench_rounds.py as a subprocess with fedguard's python (this one); its figures and parameter count."""
+def run_fedguard(k: int, rounds: int, hidden: list[int], log: Path, transport: str = "session") -> tuple[
+    SideResult, int
+]:
+    """tools/bench_rounds.py as a subprocess with fedguard's python (this one); its figures and parameter count.
+    ``transport``: bench_rounds.py's ``--transport`` (session, framed or unary)."""
     cmd = [sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "-k", str(k), "--rounds", str(rounds),
-           "--hidden", *map(str, hidden)]
+           "--hidden", *map(str, hidden), "--transport", transport]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -273,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flower-venv", help=f"Flower's environment (default ${VENV_ENV} or {DEFAULT_VENV})")
     ap.add_argument("--simulation", action="store_true",
                     help="also run Flower's simulation engine (Ray, K virtual SuperNodes), reported apart")
+    ap.add_argument("--transport", choices=["session", "framed", "unary"], default="session",
+                    help="fedguard's transport (tools/bench_rounds.py --transport): gRPC's Session stream, the "
+                         "framed port, or the unary calls")
     ap.add_argument("--keep", metavar="DIR", help="keep every run's logs under DIR (a new directory)")
     args = ap.parse_args(argv)
     if str(ROOT) not in sys.path:  # run as a script: tools.flower_bench is imported from this repository
@@ -310,13 +316,14 @@ def main(argv: list[str] | None = None) -> int:
             work = base / f"pair-{pair}"
             work.mkdir()
             try:
-                result, fed_params = run_fedguard(args.k, args.rounds, args.hidden, work / "fedguard.log")
+                result, fed_params = run_fedguard(args.k, args.rounds, args.hidden, work / "fedguard.log",
+                                                  args.transport)
                 if fed_params != params:
                     raise RuntimeError(f"fedguard's model has {fed_params:,} parameters, the Flower model {params:,}")
                 fed.append(result)
-                print(f"pair {pair}: fedguard (fedserver + {args.k} fedclient processes): median {result.median:.4f} s "
-                      f"per round (min {result.low:.4f}, max {result.high:.4f}); wall between completions "
-                      f"{result.wall:.4f} s", flush=True)
+                print(f"pair {pair}: fedguard (fedserver + {args.k} fedclient processes, {args.transport}): median "
+                      f"{result.median:.4f} s per round (min {result.low:.4f}, max {result.high:.4f}); wall between "
+                      f"completions {result.wall:.4f} s", flush=True)
                 result = run_flower(venv, args.k, args.rounds, shapes, args.seed, work / "flower")
                 flo.append(result)
                 print(f"pair {pair}: Flower deployment engine (SuperLink + {args.k} SuperNodes + ServerApp): median "
