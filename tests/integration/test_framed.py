@@ -493,3 +493,61 @@ def test_a_certificate_revoked_while_its_poll_is_parked_is_refused_on_the_framed
         assert e.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
         assert "revoked" in e.value.details(), e.value.details()
         assert time.monotonic() - revoked_at < 5, time.monotonic() - revoked_at
+
+
+def test_a_stopped_server_resumes_and_its_clients_come_back_on_the_framed_port(tmp_path: Path) -> None:
+    """A graceful stop ends the framed connections (UNAVAILABLE: retry); the restarted server (the same gRPC
+    address, a new framed port: port 0) announces its port at the clients' re-joins, they exchange there again, and
+    the federation ends with the model of an uninterrupted run over gRPC, bit for bit."""
+    from fedcore.serialization import load_state
+    from fedserver import framed as framed_module
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def config(run: Path, framed: bool) -> Any:
+        return server_config(run, server={"address": f"127.0.0.1:{port}",
+                                          "framed_address": "127.0.0.1:0" if framed else ""},
+                             rounds={"num_rounds": 4, "clients_per_round": 3, "min_available": 3, "seed": 3})
+
+    def clients(address: str) -> list[FedClient]:
+        return [FedClient(ClientConfig(insecure=True, server=address, client_id=f"client-{i}", data_index=i,
+                                       long_poll_s=1.0, backoff_initial_s=0.05, backoff_max_s=0.3,
+                                       give_up_after_s=60)).start() for i in range(3)]
+
+    with ServerThread(config(tmp_path / "grpc", False), linger_s=0.5) as srv:
+        reference = clients(srv.address)
+        assert srv.wait(120) is not None
+        for c in reference:
+            c.join(30)
+    served: list[int] = []
+    made = framed_module._Connection.connection_made
+
+    def counting(self: Any, transport: Any) -> None:
+        served.append(self.server.servicer.framed_port)
+        made(self, transport)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(framed_module._Connection, "connection_made", counting)
+    try:
+        cfg = config(tmp_path / "framed", True)
+        srv = ServerThread(cfg, linger_s=0.5).start()
+        first_port = srv.servicer.framed_port
+        devices = clients(srv.address)
+        deadline = time.monotonic() + 60
+        while len(srv.status().history) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        srv.stop()
+        again = ServerThread(cfg, linger_s=1.0).start()
+        status = again.wait(120)
+        summaries = [c.join(30) for c in devices]
+    finally:
+        mp.undo()
+    assert status is not None and status.outcome == "completed" and status.resumed_from >= 2
+    assert all(s.finished and s.rejoins >= 1 for s in summaries), summaries
+    second_port = again.servicer.framed_port
+    assert served.count(first_port) >= 3 and served.count(second_port) >= 3, (served, first_port, second_port)
+    ours = load_state(tmp_path / "framed" / "run" / "final_model.fgt")[0]
+    theirs = load_state(tmp_path / "grpc" / "run" / "final_model.fgt")[0]
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
