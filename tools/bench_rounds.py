@@ -281,6 +281,9 @@ def main() -> int:
                     help="how clients pull and push: one gRPC Session stream each (the default), the same stream on "
                          "the server's framed port (server.framed_address, fedguard/framing.py), or the unary "
                          "PullTask and PushUpdate calls (client session_stream = false)")
+    ap.add_argument("--tls", action="store_true",
+                    help="mutual TLS with a throw-away CA (fedlaunch.credentials.make_tls_dir) instead of plaintext; "
+                         "K client processes only (not --virtual)")
     ap.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                     help="the server's event loop (server.event_loop; auto: uvloop where installed)")
     ap.add_argument("--py-spy", metavar="FILE", type=Path,
@@ -308,6 +311,8 @@ def main() -> int:
         py_spy()  # missing: says so before anything starts
     if args.warmup < 1:
         ap.error("--warmup must be >= 1 (the first round's start-up is not a round's cost)")
+    if args.tls and args.virtual:
+        ap.error("--tls runs K client processes, each with its certificate: not with --virtual")
     n = args.clients or args.k
     if args.keep_logs is not None and args.keep_logs.exists() and any(args.keep_logs.iterdir()):
         ap.error(f"--keep-logs {args.keep_logs}: not empty (nothing in it is replaced; name a new directory)")
@@ -329,6 +334,9 @@ def main() -> int:
     with TemporaryDirectory() as tmp, _reaper() as started:
         run_dir = Path(tmp) / "run"
         address = f"127.0.0.1:{free_port()}"
+        from fedlaunch.credentials import client_tls_flags, make_tls_dir, server_tls_flags
+
+        tls_dir = make_tls_dir([f"bench-{i}" for i in range(n)], Path(tmp) / "tls") if args.tls else None
         total = args.rounds + args.warmup
         serve = ["-m", "cProfile", "-o", str(Path(args.profile).resolve()), "-m", "fedserver"] if args.profile \
             else ["-m", "fedserver"]
@@ -341,7 +349,8 @@ def main() -> int:
              "--linger", str(max(10, n // 400)),
              *(["--set", f"server.long_poll_s={args.long_poll}"] if args.long_poll else []),
              *(["--framed-address", "127.0.0.1:0"] if args.transport == "framed" else []),
-             "--min-available", str(n), "--model-kwargs", json.dumps({"hidden": args.hidden}), "--insecure"],
+             "--min-available", str(n), "--model-kwargs", json.dumps({"hidden": args.hidden}),
+             *server_tls_flags(tls_dir)],
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env,  # noqa: SIM115
             preexec_fn=_pinned(server_cpus))
         if args.virtual:
@@ -358,7 +367,8 @@ def main() -> int:
                                            Path(tmp) / "host-last.json"))
         else:
             cmds = [[py, "-m", "fedclient", "--server", address, "--client-id", f"bench-{i}", "--data-index",
-                     str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning", "--insecure",
+                     str(i), "--trainer", "noop", "--torch-threads", "1", "--log-level", "warning",
+                     *client_tls_flags(tls_dir, f"bench-{i}"),
                      "--set", f"session_stream={str(args.transport != 'unary').lower()}"]
                     for i in range(n)]
             if args.cpu_breakdown is not None:  # the first client too, beside the server
