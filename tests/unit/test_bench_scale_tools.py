@@ -126,6 +126,21 @@ def test_bench_rounds_measures_the_unary_calls_on_request(tmp_path: Path) -> Non
     assert "server event loop: asyncio" in proc.stdout, proc.stdout
 
 
+@pytest.mark.system
+def test_bench_rounds_measures_the_framed_port_under_mutual_tls(tmp_path: Path) -> None:
+    sums = tmp_path / "cpu.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "-k", "2", "--rounds", "1",
+                           "--transport", "framed", "--tls", "--cpu-breakdown", str(sums)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(one process each; a Session stream each on the framed port)" in proc.stdout, proc.stdout
+    # The first client's exchanges went over the framed connection (its replies read there), the server's frames
+    # through the framed port's protocol: no fallback to gRPC.
+    client = json.loads((tmp_path / "cpu.client.json").read_text())
+    assert client["functions"]["FramedSession.reply"]["calls"] >= 3, client
+    assert json.loads(sums.read_text())["functions"]["_Connection.data_received"]["calls"] >= 4
+
+
 def _children(pid: int) -> list[int]:
     kids = []
     for entry in Path("/proc").iterdir():
