@@ -139,7 +139,6 @@ class _Connection(asyncio.Protocol):
         self.reader = framing.FrameReader(server.max_frame)
         self.queued = 0  # bytes of frames received and not yet read by the handler
         self.eof = False
-        self.failed: framing.FrameError | None = None
         self.closing = False
         self.waiter: asyncio.Future[None] | None = None
         self.drain: asyncio.Future[None] | None = None
@@ -215,8 +214,6 @@ class _Connection(asyncio.Protocol):
     async def __anext__(self) -> Incoming:
         frames = self.reader.frames
         while not frames:
-            if self.failed is not None:
-                raise self.failed
             if self.eof:
                 raise StopAsyncIteration
             self.waiter = asyncio.get_running_loop().create_future()
@@ -236,13 +233,23 @@ class _Connection(asyncio.Protocol):
 
     async def _serve(self) -> None:
         code, details = "OK", ""
+        replies = self.server.servicer.Session(self, self.context)
         try:
-            async for reply in self.server.servicer.Session(self, self.context):
+            async for reply in replies:
                 data = _serialize_task(reply)
                 assert self.transport is not None
                 self.transport.writelines((framing.frame_header(framing.MESSAGE, len(data)), data))
                 if self.drain is not None and not self.drain.done():
-                    await self.drain
+                    # A peer that stops reading holds its connection no longer than an idle one.
+                    idle_s = self.server.config.server.stream_idle_timeout_s
+                    try:
+                        async with asyncio.timeout(idle_s):
+                            await self.drain
+                    except TimeoutError:
+                        await replies.aclose()  # the handler's own clean-up runs now, not at garbage collection
+                        self.refuse("DEADLINE_EXCEEDED", f"the client read nothing for {idle_s:g} s "
+                                                         "(server.stream_idle_timeout_s)")
+                        return
         except Aborted as e:
             code, details = e.code, e.details
         except asyncio.CancelledError:
@@ -256,14 +263,18 @@ class _Connection(asyncio.Protocol):
         self._end(code, details)
 
     def fail(self, code: str, details: str) -> None:
-        """Refuse the connection (it broke the format, or the port is full): logged as ``rpc.refused``, its
-        handler ended, the status sent, closed."""
+        """Refuse the connection from outside its handler (it broke the format, or the port is full): its handler
+        ended, then :meth:`refuse`."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        self.refuse(code, details)
+
+    def refuse(self, code: str, details: str) -> None:
+        """Logged as ``rpc.refused`` (rate-limited), the status sent, the connection closed."""
         servicer = self.server.servicer
         servicer.refused += 1
         servicer.refusals.event("rpc.refused", self.peer, f"Session:{code}", method="Session", code=code,
                                 reason=shorten(details, 300), transport="framed")
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
         self._end(code, details)
 
     def _end(self, code: str, details: str) -> None:
@@ -280,7 +291,18 @@ class _Connection(asyncio.Protocol):
             return
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+        asyncio.get_running_loop().call_later(LINGER_S, self._close_or_abort)
+
+    def _close_or_abort(self) -> None:
+        """The linger's end: closed, or reset if its peer still has not read what was written (a close would wait
+        for that forever)."""
+        t = self.transport
+        if t is None:
+            return
+        if t.get_write_buffer_size():
+            t.abort()
+        elif not t.is_closing():
+            t.close()
 
 
 class _Handshake(SSLProtocol):

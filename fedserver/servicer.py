@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,7 +324,8 @@ class FederationServicer:
             asm = tensors = None
 
     async def Session(self, request_iterator: AsyncIterator[Incoming],
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TaskMessage | pb.SessionReply | bytes]:
+                      context: grpc.aio.ServicerContext) -> AsyncGenerator[pb.TaskMessage | pb.SessionReply | bytes,
+                                                                           None]:
         """PullTask and PushUpdate on one stream (``rpc Session``): each exchange is a pull answered with the task
         (or a wait), or an update answered with ``pushed`` (and, when its message carries ``then_pull``, followed
         at once by that pull's exchange: no message in between). Every message passes the checks its unary call's does

@@ -551,3 +551,41 @@ def test_a_stopped_server_resumes_and_its_clients_come_back_on_the_framed_port(t
     ours = load_state(tmp_path / "framed" / "run" / "final_model.fgt")[0]
     theirs = load_state(tmp_path / "grpc" / "run" / "final_model.fgt")[0]
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_client_that_stops_reading_is_refused_and_its_connection_reset(tmp_path: Path) -> None:
+    """A peer that asks for a 17 MB model and reads nothing: the replies fill the kernel's buffers and the
+    connection's (1 MiB), the handler waits for room at most stream_idle_timeout_s, the refusal is logged, the rest
+    of the model is never written, and after the linger the connection is dropped with what it still buffered
+    (a close would wait for the peer to read it)."""
+    from fedserver import framed as framed_module
+
+    cfg = server_config(tmp_path, server={"token": TOKEN, "framed_address": "127.0.0.1:0",
+                                          "stream_idle_timeout_s": 0.3},
+                        model={"kwargs": {"hidden": [2048, 2048]}},
+                        rounds={"num_rounds": 1, "clients_per_round": 1, "round_timeout_s": 60.0})
+    with ServerThread(cfg, linger_s=0.1) as srv:
+        ch, s = stub(srv.address)
+        sid = _join(s, "a")
+        before = srv.servicer.refused
+        sock = socket.create_connection(("127.0.0.1", srv.servicer.framed_port), timeout=30)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        pull = pb.SessionRequest(pull=pb.PullTaskRequest(session_id=sid, max_wait_s=10)).SerializeToString()
+        sock.sendall(framing.MAGIC + framing.message_frame(pull))
+        deadline = time.monotonic() + 20
+        while srv.servicer.refused == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.servicer.refused == before + 1  # refused while the client still had not read a byte
+        time.sleep(framed_module.LINGER_S + 1.0)  # nor does it during the linger: the server resets the connection
+        got, reset = bytearray(), False
+        try:
+            while chunk := sock.recv(1 << 20):
+                got += chunk
+        except ConnectionResetError:
+            reset = True
+        sock.close()
+        ch.close()
+    model_bytes = 4 * (60 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10)
+    # The rest of the model was never written, and the connection ended without the client doing anything (what
+    # the kernels held came out, then the end: the status and what else sat in the connection's buffer went with it).
+    assert len(got) < model_bytes, (len(got), model_bytes, reset)
