@@ -589,3 +589,30 @@ def test_a_client_that_stops_reading_is_refused_and_its_connection_reset(tmp_pat
     # The rest of the model was never written, and the connection ended without the client doing anything (what
     # the kernels held came out, then the end: the status and what else sat in the connection's buffer went with it).
     assert len(got) < model_bytes, (len(got), model_bytes, reset)
+
+
+def test_an_app_stopping_its_client_ends_a_framed_exchange_at_once(tmp_path: Path) -> None:
+    """FedClient.stop() while the client's next poll is parked on the framed connection (sent with its update; the
+    round waits for a second client that never sends): the socket is shut, the blocked read returns, and the client
+    has stopped within seconds, not at the end of its 30 s long-poll."""
+    cfg = server_config(tmp_path, server={"token": TOKEN, "framed_address": "127.0.0.1:0"},
+                        rounds={"num_rounds": 2, "clients_per_round": 2, "min_available": 2, "round_timeout_s": 60.0})
+    with ServerThread(cfg, linger_s=0.1) as srv:
+        ch, s = stub(srv.address)
+        mark_ready(s, [_join(s, "ghost")])  # selected with lone, never answers
+        lone = FedClient(ClientConfig(insecure=True, server=srv.address, client_id="lone", data_index=0,
+                                      token=TOKEN, long_poll_s=30.0)).start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stream = lone.connection._stream
+            if isinstance(stream, FramedSession) and lone.summary.rounds_trained == 1 and \
+                    "lone" in srv.call(srv.coordinator.polls.connected):
+                break
+            time.sleep(0.05)
+        assert isinstance(lone.connection._stream, FramedSession), lone.connection._stream
+        assert "lone" in srv.call(srv.coordinator.polls.connected)
+        started = time.monotonic()
+        lone.stop(10)
+        assert time.monotonic() - started < 5
+        assert not lone.running
+        ch.close()
