@@ -453,9 +453,12 @@ def test_hostile_bytes_get_a_status_and_never_an_update_in(tmp_path: Path) -> No
     assert len(codes) == 50 and {"INVALID_ARGUMENT", "UNAUTHENTICATED", "OK"} <= set(codes), codes
 
 
-def test_a_certificate_revoked_while_its_poll_is_parked_is_refused_on_the_framed_port(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["auto", "asyncio"])
+def test_a_certificate_revoked_while_its_poll_is_parked_is_refused_on_the_framed_port(tmp_path: Path,
+                                                                                    loop: str) -> None:
     """As on gRPC (docs/security.md, "Revocation"): a changed CRL ends the parked polls at once, and the device's
-    next exchange on the same framed connection is refused, naming the revocation, within seconds."""
+    next exchange on the same framed connection is refused, naming the revocation, within seconds. On uvloop (auto)
+    and on asyncio's own loop: the framed port's TLS layer is asyncio's on both."""
     from cryptography import x509
 
     from fedguard.certs import read_ca, revoke
@@ -466,7 +469,7 @@ def test_a_certificate_revoked_while_its_poll_is_parked_is_refused_on_the_framed
     revoke(read_ca(d), crl, [1])  # a list that names someone else
     security = {"tls_cert": str(d / "server.pem"), "tls_key": str(d / "server.key"), "client_ca": str(d / "ca.pem"),
                 "crl": str(crl)}
-    cfg = server_config(tmp_path / "run", server={"framed_address": "127.0.0.1:0"},
+    cfg = server_config(tmp_path / "run", server={"framed_address": "127.0.0.1:0", "event_loop": loop},
                         rounds={"num_rounds": 1, "clients_per_round": 2}, security=security)
     alice = {"cert": str(d / "clients" / "alice.pem"), "key": str(d / "clients" / "alice.key")}
     with ServerThread(cfg, linger_s=0.1) as srv:
