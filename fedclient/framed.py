@@ -84,13 +84,7 @@ class FramedSession:
         host = server_host(config)
         sock = socket.create_connection((host, port), timeout=timeout)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # A server gone without closing is noticed in about a minute even between exchanges (an exchange's
-            # own deadline is the watchdog's), as the gRPC channel's pings notice it.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
-                if hasattr(socket, option):
-                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+            framing.tune_socket(sock)  # keepalive as the server's: a server gone is noticed between exchanges too
             if not config.insecure:
                 sock = client_ssl_context(config).wrap_socket(sock, server_hostname=config.server_name or host)
             sock.sendall(framing.MAGIC)

@@ -20,8 +20,11 @@ A receiver bounds a frame's length before it allocates anything (:class:`FrameRe
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import struct
 from collections import deque
+from typing import Any
 
 MAGIC = b"FGS1"
 MESSAGE = 0
@@ -33,6 +36,20 @@ CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", 
          "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
          "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
 MAX_DETAILS = 1000
+
+
+# TCP keepalive of a framed connection, both ends: a peer gone without closing is noticed in about a minute.
+KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+
+
+def tune_socket(sock: Any) -> None:
+    """No Nagle delay (one frame is one write), and :data:`KEEPALIVE` where the platform has the options."""
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in KEEPALIVE:
+            if hasattr(socket, option):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 class FrameError(Exception):
@@ -125,5 +142,5 @@ class FrameReader:
                                                    f"{self.max_frame} bytes")
 
 
-__all__ = ["CODES", "HEADER", "HEADER_BYTES", "MAGIC", "MESSAGE", "STATUS", "FrameError", "FrameReader",
-           "frame_header", "message_frame", "parse_status", "status_frame"]
+__all__ = ["CODES", "HEADER", "HEADER_BYTES", "KEEPALIVE", "MAGIC", "MESSAGE", "STATUS", "FrameError", "FrameReader",
+           "frame_header", "message_frame", "parse_status", "status_frame", "tune_socket"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import socket
 import ssl
 from asyncio.sslproto import SSLProtocol  # asyncio's TLS layer, the one create_server(ssl=...) uses
 from collections.abc import AsyncIterator
@@ -35,8 +34,6 @@ READ_AHEAD_BYTES = 1 << 20
 # After its STATUS frame a refused connection is read (and discarded) this long before it is closed, so the client
 # reads the status instead of a reset (closing with unread data in the socket resets the connection).
 LINGER_S = 2.0
-# Keepalive of the TCP connection: a peer gone without closing is noticed in about a minute.
-KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 30, 10, 3
 
 
 class Aborted(Exception):
@@ -119,14 +116,6 @@ def server_ssl_context(config: ServerConfig) -> ssl.SSLContext:
     return ctx
 
 
-def _set_keepalive(sock: Any) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_COUNT)
-
 
 _DECODE = _decoder(pb.SessionRequest)
 
@@ -152,7 +141,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """The connection is open (with TLS: its handshake is done; :class:`_Handshake` logs a refused one)."""
         self.transport = t = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
-        _set_keepalive(t.get_extra_info("socket"))
+        framing.tune_socket(t.get_extra_info("socket"))
         self.peer = peer_string(t.get_extra_info("peername"))
         t.set_write_buffer_limits(high=READ_AHEAD_BYTES)
         t.write(framing.MAGIC)
@@ -322,7 +311,7 @@ class _Handshake(SSLProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.peer = peer_string(transport.get_extra_info("peername"))
-        _set_keepalive(transport.get_extra_info("socket"))
+        framing.tune_socket(transport.get_extra_info("socket"))
         super().connection_made(transport)
 
     def _done(self, waiter: asyncio.Future[None]) -> None:

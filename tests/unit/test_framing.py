@@ -75,3 +75,15 @@ def test_a_status_frame_round_trips_and_is_bounded() -> None:
     assert framing.parse_status(b"")[0] == "UNKNOWN"
     # The numbers are gRPC's own.
     assert [c.name for c in sorted(grpc.StatusCode, key=lambda c: c.value[0])] == list(framing.CODES)
+
+
+def test_both_ends_tune_their_sockets_alike() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        framing.tune_socket(sock)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        for option, value in framing.KEEPALIVE:
+            if hasattr(socket, option):
+                assert sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, option)) == value
