@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from fedcore.aggregation import fixedpoint
@@ -131,6 +132,7 @@ class StreamingFedAvg:
         sketch_dim: int = 0,
         sketch_seed: int = 0,
         workers: int | None = None,
+        expected: int = 0,
     ) -> None:
         self._sum = FixedPointSum(num_params, workers)
         self._weighted = weighted
@@ -139,7 +141,10 @@ class StreamingFedAvg:
         self._noise = GaussianNoise(noise_sigma)
         self._sketch = CountSketch(num_params, sketch_dim, sketch_seed) if sketch_dim > 0 else None
         self._received: list[_Received] = []
-        self._sketches: list[torch.Tensor] = []  # S u_i by seq (appended as blocks are flushed)
+        # S u_i by seq, written in place as blocks are flushed: one [capacity, d] float64 array, grown by doubling
+        # (``expected``, the round's K, sizes it: it is never copied then), untouched pages until written.
+        self._sketches = np.empty((max(1, expected) if self._sketch is not None else 0, sketch_dim))
+        self._sketched = 0
         rows = fixedpoint.block_rows(num_params)
         self._block = torch.empty(rows, num_params, dtype=torch.float32) if rows > 1 else None
         self._pending: list[float] = []  # the multipliers of the block's filled rows
@@ -186,8 +191,7 @@ class StreamingFedAvg:
         self._received.append(_Received(key, len(self._received), norm, w))
         if self._block is None:
             self._sum.add(u, multiplier)
-            if self._sketch is not None:
-                self._sketches.append(self._sketch(u))
+            self._sketch_rows(u.unsqueeze(0))
             return
         self._block[len(self._pending)].copy_(u)
         self._pending.append(multiplier)
@@ -201,9 +205,20 @@ class StreamingFedAvg:
             return
         rows = self._block[:n]
         self._sum.add_rows(rows, self._pending)
-        if self._sketch is not None:
-            self._sketches.extend(self._sketch.rows(rows).unbind(0))
+        self._sketch_rows(rows)
         self._pending = []
+
+    def _sketch_rows(self, rows: torch.Tensor) -> None:
+        """Sketch ``rows`` (the next updates by seq) into the store."""
+        if self._sketch is None:
+            return
+        start, n = self._sketched, int(rows.shape[0])
+        if start + n > self._sketches.shape[0]:
+            grown = np.empty((max(2 * self._sketches.shape[0], start + n), self._sketches.shape[1]))
+            grown[:start] = self._sketches[:start]
+            self._sketches = grown
+        self._sketch.rows(rows, out=self._sketches[start : start + n])
+        self._sketched = start + n
 
     def finalize(self, global_flat: torch.Tensor, generator: torch.Generator | None = None) -> AggregationResult:
         if self.count == 0:
@@ -226,8 +241,9 @@ class StreamingFedAvg:
             "max_weight_share": max(r.weight for r in received) / total_weight,
         }
         if self._sketch is not None:
-            sketches = torch.stack([self._sketches[r.seq] for r in received])
-            w_div = sketched_weight_divergence(sketches, self._sketch(step))
+            # The rows stay in arrival order; the mean is taken in key order (the same value as stacking them so).
+            sketches = torch.from_numpy(self._sketches[: self._sketched])
+            w_div = sketched_weight_divergence(sketches, self._sketch(step), [r.seq for r in received])
             metrics.update({"w_div": w_div, "delta": w_div - noise.noise_norm, "w_div_exact": 0.0})
         return AggregationResult(global_flat + step.to(global_flat.dtype), metrics, rejected=list(self._rejected))
 
@@ -407,5 +423,6 @@ def make_aggregator(config: AggregationConfig, num_params: int, k: int) -> Aggre
             max_update_norm=config.max_update_norm,
             sketch_dim=config.sketch_dim,
             sketch_seed=config.sketch_seed,
+            expected=k,
         )
     return BufferedAggregator(config, num_params, k)

@@ -28,8 +28,10 @@ before clipping; g = w^r - w^{r-1} the final aggregate step, rule output plus DP
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 
@@ -87,19 +89,29 @@ class CountSketch:
             raise ValueError(f"expected shape ({self.num_params},), got {tuple(x.shape)}")
         return self.rows(x.unsqueeze(0))[0]
 
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
+    def rows(self, x: torch.Tensor, out: npt.NDArray[np.float64] | None = None) -> torch.Tensor:
         """Sketches of the rows of ``x`` ([n, P]) as float64 [n, d]; a block of small updates at numpy's per-call
         cost once. numpy does the arithmetic (single-threaded, no OpenMP worker left spinning next to the caller's
         threads; about 1.5x torch's speed on one core): per step of ``rows_per_step`` rows of d coordinates, the
         signed values are summed per bucket in float32, and the steps are added in order in float64 -- the same
         operations in the same order for every row whatever ``n``, so a row's sketch does not depend on the block
-        it came in. Scratch: the cache-sized one when ``n`` rows of a step fit it, else a temporary."""
+        it came in. Scratch: the cache-sized one when ``n`` rows of a step fit it, else a temporary.
+
+        ``out``: a C-contiguous float64 ``[n, d]`` array the sketches are written into (and returned as a tensor
+        sharing it), e.g. rows of a caller's store: no array per call (streaming FedAvg keeps each update's sketch
+        until the round's end)."""
         if x.dim() != 2 or x.shape[1] != self.num_params:
             raise ValueError(f"expected shape (n, {self.num_params}), got {tuple(x.shape)}")
         n, full, d = int(x.shape[0]), self._full, self.dim
         xn = x.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
         signs, scratch = self.signs.numpy(), self._tmp.numpy()
-        out = np.zeros((n, d), dtype=np.float64)
+        if out is None:
+            out = np.zeros((n, d), dtype=np.float64)
+        elif out.shape != (n, d) or out.dtype != np.float64 or not out.flags.c_contiguous:
+            raise ValueError(f"out: expected a C-contiguous float64 array of shape ({n}, {d}), got {out.dtype} "
+                             f"{out.shape}")
+        else:
+            out.fill(0.0)  # the same start as np.zeros: the adds below are the same operations
         step = self.rows_per_step * d
         for start in range(0, full, step):
             stop = min(start + step, full)
@@ -116,9 +128,17 @@ class CountSketch:
         return torch.from_numpy(out)
 
 
-def sketched_weight_divergence(sketches: torch.Tensor, step_sketch: torch.Tensor) -> float:
-    """Estimate of ``(1/n) Σ ||u_i - g||`` from ``S u_i`` (rows of ``[n, d]``) and ``S g``."""
-    return float(torch.linalg.vector_norm(sketches - step_sketch.unsqueeze(0), dim=1).mean())
+def sketched_weight_divergence(sketches: torch.Tensor, step_sketch: torch.Tensor,
+                               order: Sequence[int] | None = None) -> float:
+    """Estimate of ``(1/n) Σ ||u_i - g||`` from ``S u_i`` (rows of ``[n, d]``) and ``S g``.
+
+    ``order``: the rows' canonical order (e.g. by sender), when they are stored in another (arrival): each row's
+    estimate is the same wherever the row is, and the mean is taken over them in ``order`` -- the value the rows
+    put in that order would give, without moving them."""
+    norms = torch.linalg.vector_norm(sketches - step_sketch.unsqueeze(0), dim=1)
+    if order is not None:
+        norms = norms[torch.tensor(list(order), dtype=torch.long)]
+    return float(norms.mean())
 
 
 def norm_stats(norms: torch.Tensor) -> dict[str, float]:

@@ -8,6 +8,7 @@ import random
 from dataclasses import replace
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -311,3 +312,36 @@ def test_streaming_fedavg_in_blocks_is_bit_identical_to_row_by_row(p: int, monke
     reference = run()
     assert torch.equal(blocked.new_global, reference.new_global)
     assert _same_metrics(blocked.metrics, reference.metrics) and blocked.metrics["num_clipped"] > 0
+
+
+@pytest.mark.parametrize(("p", "expected"), [(4554, 0), (4554, 3), (4554, 40), (40_000, 0), (40_000, 40)])
+def test_sketches_stored_in_arrival_order_give_the_estimate_of_the_rows_in_key_order(p: int, expected: int) -> None:
+    # The store (grown from `expected` rows, or sized by it) keeps S u_i in arrival order; w_div must be the value
+    # of the rows stacked in key order (the definition), bit for bit, whatever the arrival order.
+    k = 37
+    rows, weights, keys = _updates(11, k=k, p=p)
+    sketch = CountSketch(p, 101, seed=5)
+    by_key = sorted(range(k), key=lambda i: keys[i])
+    for order in _orders(k, 3):
+        agg = StreamingFedAvg(p, sketch_dim=101, sketch_seed=5, workers=1, expected=expected)
+        for i in order:
+            agg.add(rows[i], weights[i], key=keys[i])
+        res = agg.finalize(torch.zeros(p))
+        step = res.new_global  # from a zero global model, the step is the new model
+        stacked = torch.stack([sketch(rows[i]) for i in by_key])
+        reference = float(torch.linalg.vector_norm(stacked - sketch(step).unsqueeze(0), dim=1).mean())
+        assert res.metrics["w_div"] == reference
+
+
+def test_sketch_rows_write_into_a_given_array_and_refuse_a_wrong_one() -> None:
+    sketch = CountSketch(4554, 4093, seed=2)
+    rows, _, _ = _updates(3, k=4, p=4554)
+    x = torch.stack(rows)
+    out = np.full((6, 4093), 7.0)  # stale values: the rows start from zero as np.zeros would
+    got = sketch.rows(x, out=out[1:5])
+    assert np.shares_memory(got.numpy(), out) and torch.equal(got, sketch.rows(x))
+    assert (out[0] == 7.0).all() and (out[5] == 7.0).all()
+    with pytest.raises(ValueError, match=r"out: expected a C-contiguous float64 array of shape \(4, 4093\)"):
+        sketch.rows(x, out=np.zeros((4, 4093), dtype=np.float32))
+    with pytest.raises(ValueError, match="out: expected"):
+        sketch.rows(x, out=np.zeros((4, 8186))[:, ::2])
