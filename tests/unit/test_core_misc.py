@@ -224,3 +224,36 @@ def test_a_host_spec_writes_certificates_only_inside_its_own_directory() -> None
     for rel in ("../escape.pem", "/etc/evil.pem"):
         with pytest.raises(ValueError, match="not a path inside the host's own directory"):
             host_clients(HostSpec("127.0.0.1:1", 0, 1, tls_files={rel: "x"}))
+
+
+def test_evaluate_of_one_batch_is_the_loops_result_and_restores_the_mode() -> None:
+    # A test split of at most one batch skips the running sums: the same float32 loss widened once and the same
+    # count, so the result must equal the loop's bit for bit (the NFL report of every round depends on it).
+    data = load_client_data("synthetic", 1, seed=0, options={"min_samples": 200})
+    model = build_model("mlp", seed=3)
+    x, y = data.x_test, data.y_test
+    n = len(y)
+    assert 1 < n <= 512
+    correct = torch.zeros((), dtype=torch.long)
+    total = torch.zeros((), dtype=torch.float64)
+    model.eval()
+    with torch.no_grad():  # the loop's arithmetic on the one batch, as evaluate ran it before the fast path
+        logits = model(x)
+        total += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+        correct += (logits.argmax(dim=1) == y).sum()
+    model.train()
+    got = evaluate(model, x, y)
+    assert (got.accuracy, got.loss, got.num_samples) == (int(correct) / n, float(total) / n, n)
+    looped = evaluate(model, x, y, batch_size=n - 1)  # two batches: the loop itself
+    # float32 sums of n positive terms in another grouping: each within n * 2^-24 of the exact sum (relative)
+    assert looped.accuracy == got.accuracy and math.isclose(looped.loss, got.loss, rel_tol=2 * n * 2.0**-24)
+    assert model.training
+
+    class Broken(torch.nn.Module):
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("broken forward")
+
+    broken = Broken()
+    with pytest.raises(RuntimeError, match="broken forward"):
+        evaluate(broken, x, y)
+    assert broken.training  # put back even when the forward fails
