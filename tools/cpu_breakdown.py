@@ -49,6 +49,15 @@ FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("fedserver.dispatch", "TaskDispatcher.task_for"),
     ("fedserver.persistence", "Persistence.snapshot"),
     ("fedserver.framed", "_Connection.data_received"),
+    # once per round: the round's start, its close (the aggregate, the report, the snapshot, the row)
+    ("fedserver.intake", "UpdateIntake.open_round"),
+    ("fedcore.aggregation.base", "StreamingFedAvg.finalize"),
+    ("fedserver.global_models", "GlobalModels.apply_flat"),
+    ("fedserver.finalize", "build_report"),
+    ("fedserver.round_close", "RoundCloser._complete"),
+    ("fedserver.store", "StateStore.save"),
+    ("fedserver.coordinator", "write_round"),
+    ("fedserver.coordinator", "log_event"),
     ("structlog.stdlib", "BoundLogger.info"),
     ("structlog.stdlib", "BoundLogger.debug"),
 )

@@ -118,6 +118,8 @@ def test_bench_rounds_measures_the_unary_calls_on_request(tmp_path: Path) -> Non
     assert got["functions"]["UpdateIntake.submit"]["calls"] == updates, got
     assert 0 < got["functions"]["UpdateIntake.submit"]["cpu_ns"] < got["process_cpu_ns"], got
     assert {f"gc generation {g}" for g in range(3)} <= got["functions"].keys(), got  # the collector's passes
+    # ... and each round's close: its aggregate, its row, once per round
+    assert got["functions"]["StreamingFedAvg.finalize"]["calls"] == 2 == got["functions"]["write_round"]["calls"], got
     assert re.search(r"^  UpdateIntake\.submit +[\d.]+ +1\.00 +[\d.]+$", proc.stdout, re.M), proc.stdout
     # ... and the first client under it too: its two rounds, each evaluated once.
     client = json.loads((tmp_path / "cpu.client.json").read_text())
