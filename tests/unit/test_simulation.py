@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from fedcore.config import ClientConfig, ConfigError, build_config
+from fedcore.seeds import derive_seed
 from fedcore.simulation import (
     ANSWER,
     CRASH,
     DROP,
+    Fate,
     SimulationConfig,
     load_trace,
     next_online,
@@ -93,3 +95,33 @@ def test_availability_trace_file(tmp_path: Path) -> None:
     path.write_text("[1, 2]")
     with pytest.raises(ValueError, match="expected a JSON object"):
         load_trace(path)
+
+
+def test_an_inert_simulation_answers_every_task_at_once_without_a_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the draws would give for a config without dropouts, crashes or delay (the function before the shortcut):
+    # every u < 0 is false and the delay stays 0. The shortcut must give the same fate and make no generator.
+    def drawn(c: SimulationConfig, cid: str, r: int) -> Fate:
+        rng = np.random.default_rng(derive_seed(c.seed, cid, r, 0, "simulation"))
+        u_drop, u_crash, z = rng.random(), rng.random(), rng.standard_normal()
+        if u_drop < c.dropout:
+            return Fate(DROP)
+        if u_crash < c.crash:
+            return Fate(CRASH)
+        delay = c.straggler_delay_s
+        if c.straggler == "lognormal" and delay > 0:
+            delay = float(delay * math.exp(c.straggler_sigma * z))
+        return Fate(ANSWER, delay)
+
+    inert = [SimulationConfig(), SimulationConfig(straggler="lognormal", straggler_sigma=2.0, seed=5),
+             SimulationConfig(dropout_return_s=-1.0, crash_rejoin_s=1.0, availability=[[0.0, 5.0]])]
+    expected = {(i, r): drawn(c, "client-3", r) for i, c in enumerate(inert) for r in range(20)}
+
+    def no_generator(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an inert simulation drew a generator")
+
+    monkeypatch.setattr(np.random, "default_rng", no_generator)
+    for i, c in enumerate(inert):
+        for r in range(20):
+            assert round_fate(c, "client-3", r) == expected[i, r] == Fate(ANSWER, 0.0)
+    with pytest.raises(AssertionError, match="drew a generator"):  # any active setting still draws
+        round_fate(SimulationConfig(dropout=0.01), "client-3", 0)
