@@ -61,14 +61,33 @@ FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("structlog.stdlib", "BoundLogger.info"),
     ("structlog.stdlib", "BoundLogger.debug"),
 )
-# A client's round: the task read, the local round (the received model's evaluation on the test split, the NFL
-# measurement), the state dict's load, the update's frames and the stream's replies.
+# A client's round: the task read (its reassembly and tensor views), the local round (the received model's evaluation
+# on the test split, the NFL measurement; the state dicts; the mode switches), the state dict's load, the update's
+# payload, report and frames, the embedding API's callbacks and the stream's replies.
 CLIENT_FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("fedclient.runner", "RoundRunner._read_task"),
     ("fedclient.local_round", "LocalRound.run"),
     ("fedclient.local_round", "evaluate"),
     ("torch.nn.modules.module", "Module.load_state_dict"),
     ("fedclient.runner", "update_frames"),
+    ("fedclient.runner", "RoundRunner._work"),
+    ("fedclient.runner", "RoundRunner._push"),
+    ("fedclient.runner", "payload_of"),
+    ("fedguard.wire", "update_report_to_pb"),
+    ("fedguard.wire", "metas_to_pb"),
+    ("fedclient.runner", "RoundRunner._pull_request"),
+    ("fedclient.embed", "EmbeddingApi._task_received"),
+    ("fedclient.embed", "EmbeddingApi._trained"),
+    ("fedclient.embed", "EmbeddingApi._reported"),
+    ("fedclient.embed", "EmbeddingApi._publish"),
+    ("fedcore.serialization", "Reassembler.__init__"),
+    ("fedcore.serialization", "ReceivedTensors.__getitem__"),
+    ("torch.nn.modules.module", "Module.state_dict"),
+    ("torch.nn.modules.module", "Module.train"),
+    ("fedclient.local_round", "round_seeds"),
+    ("fedclient.local_round", "LocalRound._individual_step"),
+    ("fedclient.local_round", "LocalRound.ensure_trainer"),
+    ("fedclient.local_round", "LocalRound._trainer_state"),
     ("fedclient.stream", "SessionStream.reply"),
     ("fedclient.stream", "SessionStream.send"),
     ("fedclient.framed", "FramedSession.reply"),
