@@ -193,3 +193,35 @@ def test_atomic_write_is_whole_or_nothing_and_writers_do_not_mix(tmp_path: Path)
     data = target.read_bytes()
     assert len(data) == 64 * 1024 and len(set(data)) == 1  # one writer's file, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+def test_byte_views_are_the_tensors_own_bytes_whatever_the_path(dtype: str) -> None:
+    # Through numpy where it has the dtype (every one but bfloat16), else through torch: the same bytes, and the
+    # tensor's own storage when it is contiguous (no copy); a non-contiguous one, a 0-d one and one that requires
+    # grad give their bytes too.
+    from fedcore.serialization import _byte_view, _raw_bytes
+
+    t = _random_tensor(DTYPES[dtype], (3, 4), 5)
+    cases = [t, t.reshape(-1)[0], t.t()]
+    if t.is_floating_point():
+        cases.append(t.detach().clone().requires_grad_())
+    for x in cases:
+        assert bytes(_byte_view(x)) == bytes(_raw_bytes(x).numpy()), x.shape
+    view = _byte_view(t)
+    t.view(torch.uint8).reshape(-1)[0] ^= 1  # the storage changes: a view of it sees the change
+    assert view[0] == int(t.view(torch.uint8).reshape(-1)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+def test_received_tensors_are_views_of_the_one_buffer(dtype: str) -> None:
+    state = {"a": _random_tensor(DTYPES[dtype], (2, 3), 1), "b": _random_tensor(DTYPES[dtype], (), 2),
+             "c": torch.empty((0,), dtype=DTYPES[dtype]), "d": _random_tensor(DTYPES[dtype], (4,), 3)}
+    got = roundtrip_chunks(state, chunk_bytes=5, one_buffer=True)
+    _assert_same(state, dict(got))
+    buffer = got.buffer  # type: ignore[attr-defined]
+    a, d = got["a"], got["d"]
+    buffer[0] ^= 1  # a's first byte and d's last: the views see the buffer change (no copies were made)
+    buffer[-1] ^= 1
+    assert int(a.reshape(-1).view(torch.uint8)[0]) == int(buffer[0])
+    assert int(d.reshape(-1).view(torch.uint8)[-1]) == int(buffer[-1])
