@@ -243,9 +243,12 @@ def test_one_buffer_lays_the_tensors_back_to_back_and_falls_back_when_misaligned
              "i": torch.arange(4, dtype=torch.int64)}  # 88 bytes of float32 before it: aligned to 8
     out = roundtrip_chunks(state, chunk_bytes=13, one_buffer=True)
     _assert_bit_identical(state, out)
-    base = out["w"].untyped_storage().data_ptr()
-    assert out["w"].untyped_storage().nbytes() == 15 * 4 + 7 * 4 + 4 * 8  # one allocation for the payload
-    assert [out[k].data_ptr() - base for k in ("w", "b", "i")] == [0, 60, 88]
+    assert isinstance(out, ReceivedTensors)
+    base = out.buffer.data_ptr()
+    assert out.buffer.numel() == 15 * 4 + 7 * 4 + 4 * 8  # one allocation for the payload ...
+    assert [out[k].data_ptr() - base for k in ("w", "b", "i")] == [0, 60, 88]  # ... that every tensor views
+    out.buffer[88] += 1  # the int64's lowest byte: the view sees the buffer change
+    assert int(out["i"][0]) == int(state["i"][0]) + 1
     odd = {"w": torch.randn(3, generator=g), "i": torch.arange(2, dtype=torch.int64)}  # int64 at offset 12
     got = roundtrip_chunks(odd, chunk_bytes=5, one_buffer=True)
     _assert_bit_identical(odd, got)
