@@ -125,6 +125,11 @@ def round_fate(c: SimulationConfig, client_id: str, round_: int, task_no: int = 
     is 0), so none is made: a generator seeded per task is ~16 µs, a twentieth of a no-op client's round."""
     if c.dropout <= 0 and c.crash <= 0 and c.straggler_delay_s <= 0:
         return Fate(ANSWER, c.straggler_delay_s)
+    return drawn_fate(c, client_id, round_, task_no)
+
+
+def drawn_fate(c: SimulationConfig, client_id: str, round_: int, task_no: int = 0) -> Fate:
+    """:func:`round_fate` from its draws, whatever the configuration (a generator seeded by the task)."""
     rng = np.random.default_rng(derive_seed(c.seed, client_id, round_, task_no, "simulation"))
     u_drop, u_crash, z = rng.random(), rng.random(), rng.standard_normal()
     if u_drop < c.dropout:

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from fedcore.config import ClientConfig, ConfigError, build_config
-from fedcore.seeds import derive_seed
 from fedcore.simulation import (
     ANSWER,
     CRASH,
     DROP,
     Fate,
     SimulationConfig,
+    drawn_fate,
     load_trace,
     next_online,
     online_at,
@@ -98,23 +98,11 @@ def test_availability_trace_file(tmp_path: Path) -> None:
 
 
 def test_an_inert_simulation_answers_every_task_at_once_without_a_draw(monkeypatch: pytest.MonkeyPatch) -> None:
-    # What the draws would give for a config without dropouts, crashes or delay (the function before the shortcut):
-    # every u < 0 is false and the delay stays 0. The shortcut must give the same fate and make no generator.
-    def drawn(c: SimulationConfig, cid: str, r: int) -> Fate:
-        rng = np.random.default_rng(derive_seed(c.seed, cid, r, 0, "simulation"))
-        u_drop, u_crash, z = rng.random(), rng.random(), rng.standard_normal()
-        if u_drop < c.dropout:
-            return Fate(DROP)
-        if u_crash < c.crash:
-            return Fate(CRASH)
-        delay = c.straggler_delay_s
-        if c.straggler == "lognormal" and delay > 0:
-            delay = float(delay * math.exp(c.straggler_sigma * z))
-        return Fate(ANSWER, delay)
-
+    # Without dropouts, crashes or delay the draws cannot change a fate: the shortcut must give what they give
+    # (drawn_fate) and make no generator; any active setting still draws.
     inert = [SimulationConfig(), SimulationConfig(straggler="lognormal", straggler_sigma=2.0, seed=5),
              SimulationConfig(dropout_return_s=-1.0, crash_rejoin_s=1.0, availability=[[0.0, 5.0]])]
-    expected = {(i, r): drawn(c, "client-3", r) for i, c in enumerate(inert) for r in range(20)}
+    expected = {(i, r): drawn_fate(c, "client-3", r) for i, c in enumerate(inert) for r in range(20)}
 
     def no_generator(*args: object, **kwargs: object) -> None:
         raise AssertionError("an inert simulation drew a generator")
@@ -123,5 +111,5 @@ def test_an_inert_simulation_answers_every_task_at_once_without_a_draw(monkeypat
     for i, c in enumerate(inert):
         for r in range(20):
             assert round_fate(c, "client-3", r) == expected[i, r] == Fate(ANSWER, 0.0)
-    with pytest.raises(AssertionError, match="drew a generator"):  # any active setting still draws
+    with pytest.raises(AssertionError, match="drew a generator"):
         round_fate(SimulationConfig(dropout=0.01), "client-3", 0)
