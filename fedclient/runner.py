@@ -21,7 +21,7 @@ import torch
 from google.protobuf.message import DecodeError
 from torch import nn
 
-from fedclient.connection import Connection
+from fedclient.connection import RETRYABLE, Connection
 from fedclient.embed import EmbeddingApi
 from fedclient.errors import FedClientError, SessionLost
 from fedclient.local_round import LocalRound, LocalRoundError
@@ -34,7 +34,7 @@ from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.models import model_fingerprint, model_manifest
 from fedcore.serialization import DEFAULT_CHUNK_BYTES, Reassembler, SerializationError, TensorMeta, payload_of
-from fedcore.update_report import UpdateReport
+from fedcore.update_report import BetaHat, UpdateReport
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
 
@@ -60,6 +60,25 @@ class ClientSummary:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class SentUpdate:
+    """A round's update as sent: what the app is told once its fate is known."""
+
+    round: int
+    report: UpdateReport
+    beta_hat_measured: BetaHat
+    inline: bool  # the model came inside its task's header: the update goes the same way
+
+
+class UpdateUnsettled(Exception):
+    """The exchange that was to acknowledge an update (the answer to the pull sent with it) failed with ``error``
+    before saying anything: the update's fate is for the round runner to settle (not a pull to retry)."""
+
+    def __init__(self, error: grpc.RpcError | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class RoundRunner:
     """One client's protocol loop (:meth:`join`, then :meth:`loop`); ``api`` is the client's embedding half."""
 
@@ -74,6 +93,9 @@ class RoundRunner:
         self._ineligible_since: float | None = None
         self._manifest: tuple[nn.Module, list[TensorMeta]] | None = None  # the model's, worked out once
         self._then_pull = False
+        self._pushed_with_answer = False
+        # An update whose acknowledgement is the answer to the pull sent with it (SessionRequest.pushed_with_answer).
+        self._unsettled: SentUpdate | None = None
 
     # ---- join ----
 
@@ -105,6 +127,7 @@ class RoundRunner:
         self.conn.set_framed_port(int(reply.framed_port))
         self.fed = fed
         self._then_pull = bool(reply.then_pull)  # the server takes a pull with an update (SessionRequest.then_pull)
+        self._pushed_with_answer = bool(reply.pushed_with_answer)  # ... and lets that pull's answer acknowledge it
         self.conn.set_heartbeat_interval(reply.heartbeat_interval_s)
         self.setup.prepare(fed, int(reply.client_index), self.local, self.conn.keep_alive)
         assert self.setup.model is not None and self.setup.data is not None
@@ -122,6 +145,9 @@ class RoundRunner:
             self.conn.check_stop()
             # A pull sent with the last update was sent because the device was online and eligible then.
             pending = self.conn.pull_pending()
+            if self._unsettled is not None and not pending:  # its acknowledgement cannot come any more
+                self._settle_or_rejoin(None)
+                continue
             if not pending:
                 self.sim.wait_online(self.conn.sleep)
             try:
@@ -138,6 +164,9 @@ class RoundRunner:
             except SessionLost:
                 self.log.info("client.rejoining", client_id=self.client_id, reason="session unknown to server")
                 self.join()
+                continue
+            except UpdateUnsettled as e:
+                self._settle_or_rejoin(e.error)
                 continue
             if isinstance(task, pb.Wait):
                 if task.finished:
@@ -199,11 +228,18 @@ class RoundRunner:
         req = self._pull_request()
         limit = self.config.long_poll_s + 30.0
         def on_stream(stream: Exchanges) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
-            if stream.pull_pending:
-                stream.pull_pending = False  # it went with the last update: its answer is the next reply
-            else:
+            if not stream.pull_pending:
                 stream.send([pb.SessionRequest(pull=req).SerializeToString()])
-            return self._read_task(stream.reply, pb.SessionReply)
+                return self._read_task(stream.reply, pb.SessionReply)
+            stream.pull_pending = False  # it went with the last update: its answer is the next reply
+            if self._unsettled is None:
+                return self._read_task(stream.reply, pb.SessionReply)
+            try:  # ... and acknowledges that update
+                return self._read_task(stream.reply, pb.SessionReply, acknowledges=True)
+            except grpc.RpcError as e:
+                if self._unsettled is not None:  # nothing came: the update's fate is the runner's to settle
+                    raise UpdateUnsettled(e) from None
+                raise
 
         streamed = self._on_stream(on_stream, limit)
         if streamed is not None:
@@ -235,15 +271,21 @@ class RoundRunner:
                     raise
         raise AssertionError("unreachable")
 
-    def _read_task(self, frame: Callable[[], bytes], message: type[pb.TaskMessage] | type[pb.SessionReply]) -> (
-        pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]
-    ):
+    def _read_task(self, frame: Callable[[], bytes], message: type[pb.TaskMessage] | type[pb.SessionReply],
+                   acknowledges: bool = False) -> pb.Wait | tuple[pb.TaskHeader, dict[str, torch.Tensor]]:
         """A pull's answer from its frames (``frame()``: the next one): a Wait, or a task's header and its model
-        (each chunk's bytes copied once, from the frame into its tensor)."""
+        (each chunk's bytes copied once, from the frame into its tensor). ``acknowledges``: the answer (or the
+        ``pushed`` a server sends ahead of a status that ends the stream first) says the update sent with the pull
+        was taken."""
         try:
             try:
                 first = message.FromString(frame())
                 kind = first.WhichOneof("kind")
+                if acknowledges:
+                    self._settle(True)
+                    if kind == "pushed":  # the stream ends before the answer: its status follows
+                        first = message.FromString(frame())
+                        kind = first.WhichOneof("kind")
                 if kind == "wait":
                     return first.wait
                 if kind != "header":
@@ -300,8 +342,7 @@ class RoundRunner:
         self.summary.last_round = round_
         self.summary.history.append(ClientRoundReport(round_, sent, out.beta_hat_measured).history_row())
         # A server that sent the model inside its header reads an update sent the same way.
-        accepted = self._push(round_, sent, inline=bool(header.data))
-        self.api._reported(ClientRoundReport(round_, sent, out.beta_hat_measured, accepted))
+        self._send(SentUpdate(round_, sent, out.beta_hat_measured, inline=bool(header.data)))
 
     def _train(self, task: RoundTask, ctx: ModContext) -> RoundReply:
         """The innermost step of the chain: the local round on the task, heartbeating, the app told of the new
@@ -319,22 +360,99 @@ class RoundRunner:
             self.api._trained(out.beta_hat_measured)
         return RoundReply(out)
 
-    def _push(self, round_: int, report: UpdateReport, inline: bool = False) -> bool:
+    def _send(self, update: SentUpdate) -> None:
+        """Send ``update``; the app is told its fate now, or (acknowledged by the answer to the pull sent with it)
+        when that answer comes."""
+        try:
+            acknowledged = self._push(update)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.ALREADY_EXISTS:  # it had arrived (sent again, not knowing): taken once
+                self._settled(update, True)
+            else:
+                self._settled(update, False, e)
+            return
+        if acknowledged:
+            self._settled(update, True)
+        else:
+            self._unsettled = update
+
+    def _settle(self, accepted: bool, error: grpc.RpcError | None = None) -> None:
+        """The fate of the update sent with the last pull is known."""
+        update, self._unsettled = self._unsettled, None
+        if update is not None:
+            self._settled(update, accepted, error)
+
+    def _settle_failed(self, error: grpc.RpcError | None) -> None:
+        """The answer that was to acknowledge the update sent with the last pull never came: the server refused the
+        update (it ends the stream with the refusal's status; an update it took is acknowledged first), or the
+        connection broke or the server went away (``error`` retryable, or None): then nobody knows, and the update
+        is sent again as a push is retried (a server that already has it refuses it); a server without the stream
+        never read it: it is sent again with the unary call."""
+        update, self._unsettled = self._unsettled, None
+        if update is None:
+            return
+        code = error.code() if error is not None and hasattr(error, "code") else None
+        if code == grpc.StatusCode.ALREADY_EXISTS:  # (sent again before this) the round holds it: taken once
+            self._settled(update, True)
+            return
+        if error is None or code in RETRYABLE or self.conn.stream_refused(error):  # (no stream here: unary calls)
+            self.log.info("update.resending", client_id=self.client_id, round=update.round, code=str(code),
+                          reason="the answer that was to acknowledge it did not come")
+            self._send(update)
+            return
+        if code == grpc.StatusCode.UNAUTHENTICATED:  # as a push's: the session is gone, the client joins again
+            self._settled(update, False, error)
+            raise SessionLost
+        self._settled(update, False, error)
+
+    def _settle_or_rejoin(self, error: grpc.RpcError | None) -> None:
+        try:
+            self._settle_failed(error)
+        except SessionLost:
+            self.log.info("client.rejoining", client_id=self.client_id, reason="session unknown to server")
+            self.join()
+
+    def _settled(self, update: SentUpdate, accepted: bool, error: grpc.RpcError | None = None) -> None:
+        if accepted:
+            self.summary.updates_accepted += 1
+            report = update.report
+            self.log.info("update.sent", client_id=self.client_id, round=update.round,
+                          train_loss=round(report.train_loss, 5),
+                          test_accuracy=None if report.test_accuracy is None else round(report.test_accuracy, 4),
+                          beta_hat=None if report.beta_hat is None else round(report.beta_hat, 4),
+                          adapting=report.adapting)
+        else:
+            self.summary.updates_rejected += 1
+            self.log.warning("update.refused", client_id=self.client_id, round=update.round,
+                             code=str(error.code()) if error is not None else None,
+                             reason=error.details() if error is not None else None)
+        self.api._reported(ClientRoundReport(update.round, update.report, update.beta_hat_measured, accepted))
+
+    def _push(self, update: SentUpdate) -> bool:
+        """Push ``update`` (retrying; raises the refusal's :class:`grpc.RpcError`): True when the server took it,
+        False when its acknowledgement is the answer to the pull sent with it (SessionRequest.pushed_with_answer:
+        the device's round is then one message each way). That is asked for unless the app wants to hear of each
+        round at once (an ``on_round_end`` callback)."""
         assert self.setup.model is not None
         manifest, payload = payload_of(self.setup.model.state_dict())  # views of the weights, no copy
         chunk_bytes = (self.fed.chunk_bytes if self.fed is not None else 0) or DEFAULT_CHUNK_BYTES
 
-        def do_push() -> pb.PushReply:
+        def do_push() -> pb.PushReply | None:
             header = pb.UpdateHeader(
-                session_id=self.conn.session, round=round_, report=wire.update_report_to_pb(report), kind=pb.WEIGHTS,
-                tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
-            def on_stream(stream: Exchanges) -> pb.PushReply:
+                session_id=self.conn.session, round=update.round, report=wire.update_report_to_pb(update.report),
+                kind=pb.WEIGHTS, tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
+            def on_stream(stream: Exchanges) -> pb.PushReply | None:
                 # The next pull goes with the update when the device could send it now (online and eligible, as
                 # the loop would check before it): one message per round instead of two.
                 then = self._pull_request() if self._then_pull and self.sim.online() and self._eligible_now() \
                     else None
-                first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest, inline, then)
+                deferred = then is not None and self._pushed_with_answer and not self.api.callbacks.wants("round_end")
+                first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest, update.inline, then,
+                                              deferred)
                 stream.send(itertools.chain([first], chunks))  # drained by gRPC while this thread waits
+                if deferred:
+                    stream.pull_pending = True
+                    return None
                 answer = pb.SessionReply.FromString(stream.reply())
                 if answer.WhichOneof("kind") != "pushed":
                     raise StreamEnded("the server answered an update with something other than its reply")
@@ -344,24 +462,11 @@ class RoundRunner:
             streamed = self._on_stream(on_stream, 120.0)
             if streamed is not None:
                 return streamed.value
-            reply: pb.PushReply = self.conn.tracked(self.conn.require().push(header, payload, chunk_bytes,
-                                                                             timeout=120.0, inline=inline))
+            reply: pb.PushReply = self.conn.tracked(self.conn.require().push(
+                header, payload, chunk_bytes, timeout=120.0, inline=update.inline))
             return reply
 
-        try:
-            self.conn.retrying("push", do_push)
-            self.summary.updates_accepted += 1
-            self.log.info("update.sent", client_id=self.client_id, round=round_,
-                          train_loss=round(report.train_loss, 5),
-                          test_accuracy=None if report.test_accuracy is None else round(report.test_accuracy, 4),
-                          beta_hat=None if report.beta_hat is None else round(report.beta_hat, 4),
-                          adapting=report.adapting)
-            return True
-        except grpc.RpcError as e:
-            self.summary.updates_rejected += 1
-            self.log.warning("update.refused", client_id=self.client_id, round=round_, code=str(e.code()),
-                             reason=e.details())
-            return False
+        return self.conn.retrying("push", do_push) is not None
 
 
 T = TypeVar("T")

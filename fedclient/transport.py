@@ -236,11 +236,13 @@ class ChannelPool:
 
 def update_frames(header: pb.UpdateHeader, payload: Payload | bytes | bytearray | memoryview, chunk_bytes: int,
                   message: type[pb.UpdateMessage] | type[pb.SessionRequest], inline: bool = False,
-                  then_pull: pb.PullTaskRequest | None = None) -> tuple[bytes, Iterator[bytes]]:
+                  then_pull: pb.PullTaskRequest | None = None,
+                  pushed_with_answer: bool = False) -> tuple[bytes, Iterator[bytes]]:
     """An update as ``message`` frames: the header (given the payload's SHA-256) and the chunks, sent from the
     payload's own storage (each byte copied once, into its frame). ``inline`` (the server reads
     ``UpdateHeader.data``): an update that fits one chunk rides in its header, and no chunks follow.
-    ``then_pull`` (a ``SessionRequest`` only): the pull that goes with the update (``SessionRequest.then_pull``)."""
+    ``then_pull`` (a ``SessionRequest`` only): the pull that goes with the update (``SessionRequest.then_pull``);
+    ``pushed_with_answer``: its answer acknowledges the update (``SessionRequest.pushed_with_answer``)."""
     header.payload_sha256 = payload.sha256() if isinstance(payload, Payload) else hashlib.sha256(payload).digest()
     chunks: Iterator[bytes] = iter(())
     if inline and wire.fits_inline(header.ByteSize(), len(payload), chunk_bytes):
@@ -250,7 +252,10 @@ def update_frames(header: pb.UpdateHeader, payload: Payload | bytes | bytearray 
     if then_pull is not None:
         if message is not pb.SessionRequest:
             raise ValueError("then_pull goes with a Session stream's update only")
-        return pb.SessionRequest(header=header, then_pull=then_pull).SerializeToString(), chunks
+        return pb.SessionRequest(header=header, then_pull=then_pull,
+                                 pushed_with_answer=pushed_with_answer).SerializeToString(), chunks
+    if pushed_with_answer:
+        raise ValueError("pushed_with_answer goes with then_pull only")
     return message(header=header).SerializeToString(), chunks
 
 

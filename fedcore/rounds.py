@@ -323,6 +323,11 @@ def admission(state: RoundState, client_id: str, round_: int) -> str | None:
     return None
 
 
+def holds_update(state: RoundState, client_id: str, round_: int) -> bool:
+    """Whether ``round_`` is the round in training and already holds an update accepted from ``client_id``."""
+    return state.phase == TRAINING and round_ == state.round and client_id in state.accepted
+
+
 def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limits) -> tuple[
     RoundState, list[Event]
 ]:

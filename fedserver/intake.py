@@ -94,7 +94,7 @@ class UpdateIntake:
         numbers are bounded here (:meth:`UpdateReport.bounds_error`), after the round's admission."""
         reason = rm.admission(self._state(), client_id, round_)
         if reason is not None:
-            self.reject(client_id, round_, "FAILED_PRECONDITION", reason)
+            self._refuse_admission(client_id, round_, reason)
         limit = self.config.server.max_update_bytes
         if announced_bytes > limit:
             self.reject(client_id, round_, "RESOURCE_EXHAUSTED",
@@ -127,6 +127,18 @@ class UpdateIntake:
             raise ProtocolError(code, reason)
         self.reject(ticket.client_id, ticket.round, code, reason)
 
+    def _refuse_admission(self, client_id: str, round_: int, reason: str, ticket: UpdateTicket | None = None) -> None:
+        """Refuse an update its round cannot take (raises :class:`ProtocolError`). A second copy of an update the
+        round already holds (a device that resent it, not knowing it had arrived) is ALREADY_EXISTS and recorded
+        nowhere: it is not a refused update; anything else is FAILED_PRECONDITION, recorded against the round."""
+        if rm.holds_update(self._state(), client_id, round_):
+            self.log.info("update.duplicate", client_id=client_id, round=round_,
+                          reason="the round already holds this client's update: refused as ALREADY_EXISTS")
+            raise ProtocolError("ALREADY_EXISTS", reason)
+        if ticket is not None:
+            self.reject_ticket(ticket, "FAILED_PRECONDITION", reason)
+        self.reject(client_id, round_, "FAILED_PRECONDITION", reason)
+
     def reject(self, client_id: str, round_: int, code: str, reason: str) -> None:
         """Record a refusal with the round machine and raise it."""
         self.log.warning("update.rejected", client_id=client_id, round=round_, code=code, reason=reason)
@@ -138,7 +150,7 @@ class UpdateIntake:
         cid, round_ = ticket.client_id, ticket.round
         reason = rm.admission(self._state(), cid, round_)
         if reason is not None:
-            self.reject_ticket(ticket, "FAILED_PRECONDITION", reason)
+            self._refuse_admission(cid, round_, reason, ticket)
         # The upload is the intake's (the servicer drops it): u_i is computed in its buffer where it can be.
         flat = self.models.flatten_update(tensors, ticket.is_delta, ticket.model_id, consume=True)
         if not bool(np.isfinite(flat.numpy()).all()):  # numpy's: a fifth of torch's call cost on a small model

@@ -159,7 +159,8 @@ class FederationServicer:
             await self._refuse(context, "Join", e)
         return pb.JoinReply(session_id=res.session_id, config=self._join_config,
                             heartbeat_interval_s=self.coord.config.server.heartbeat_interval_s,
-                            client_index=res.client_index, then_pull=True, framed_port=self.framed_port)
+                            client_index=res.client_index, then_pull=True, framed_port=self.framed_port,
+                            pushed_with_answer=True)
 
     async def _poll(self, request: pb.PullTaskRequest, raw: bytes, method: str,
                     context: grpc.aio.ServicerContext) -> tuple[str, Any]:
@@ -328,7 +329,9 @@ class FederationServicer:
                                                                            None]:
         """PullTask and PushUpdate on one stream (``rpc Session``): each exchange is a pull answered with the task
         (or a wait), or an update answered with ``pushed`` (and, when its message carries ``then_pull``, followed
-        at once by that pull's exchange: no message in between). Every message passes the checks its unary call's does
+        at once by that pull's exchange: no message in between; with ``pushed_with_answer`` too, that pull's answer is
+        the update's only acknowledgement, and ``pushed`` is sent only if the stream ends before it, ahead of the
+        status: a device's round is one message each way). Every message passes the checks its unary call's does
         (the identity of the call, the session's owner, the bounds, the limits); a refusal ends the stream with its
         status. Idle between exchanges for longer than a round (``round_timeout_s``, or the long-poll if longer,
         plus ``stream_idle_timeout_s``) the stream is ended (the client opens a new one); its first message must come
@@ -339,6 +342,7 @@ class FederationServicer:
         between = max(cfg.rounds.round_timeout_s, cfg.server.long_poll_s) + self.idle_s
         idle = self.idle_s
         then: tuple[pb.PullTaskRequest, bytes] | None = None  # a pull sent with the last update (then_pull)
+        owed = False  # an update taken whose `pushed` rides on the answer to its then_pull (pushed_with_answer)
         while True:
             res: Any = None  # a pull's answer
             inline_ok = False
@@ -364,6 +368,7 @@ class FederationServicer:
                             # A copy: a sub-message keeps its parent (the update, its data) alive while it waits.
                             raw = msg.then_pull.SerializeToString()
                             then = pb.PullTaskRequest.FromString(raw), raw
+                            owed = msg.pushed_with_answer
                         item = msg = None  # the update's bytes are not held while the stream waits
                     elif kind == "pull":
                         pull, raw = msg.pull, item.raw
@@ -374,10 +379,20 @@ class FederationServicer:
                     cid, res = await self._poll(pull, raw, "Session", context)
                     inline_ok = pull.inline_ok
             except ProtocolError as e:
+                if owed:  # the update was taken: said before the refusal of its pull ends the stream
+                    owed = False
+                    yield _PUSHED
                 await self._refuse(context, "Session", e)
+            except Exception:
+                if owed:  # likewise before a failure of the server's own (the client then knows it need not resend)
+                    owed = False
+                    yield _PUSHED
+                raise
             if pushed:
-                yield _PUSHED
+                if not owed:
+                    yield _PUSHED
                 continue
+            owed = False  # the answer that follows acknowledges the update
             message: pb.TaskMessage | bytes | None = None
             for message in self._task_messages(res, inline_ok):
                 yield message  # TaskMessage's frames are SessionReply's (the same field numbers)

@@ -201,20 +201,22 @@ class FederationConfig(_message.Message):
     def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., nfl_nr: _Optional[int] = ..., nfl_c: _Optional[int] = ..., recovery_method: _Optional[str] = ..., recovery_options_json: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("session_id", "config", "heartbeat_interval_s", "client_index", "then_pull", "framed_port")
+    __slots__ = ("session_id", "config", "heartbeat_interval_s", "client_index", "then_pull", "framed_port", "pushed_with_answer")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     CLIENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     THEN_PULL_FIELD_NUMBER: _ClassVar[int]
     FRAMED_PORT_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_WITH_ANSWER_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     config: FederationConfig
     heartbeat_interval_s: float
     client_index: int
     then_pull: bool
     framed_port: int
-    def __init__(self, session_id: _Optional[str] = ..., config: _Optional[_Union[FederationConfig, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., client_index: _Optional[int] = ..., then_pull: _Optional[bool] = ..., framed_port: _Optional[int] = ...) -> None: ...
+    pushed_with_answer: bool
+    def __init__(self, session_id: _Optional[str] = ..., config: _Optional[_Union[FederationConfig, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., client_index: _Optional[int] = ..., then_pull: _Optional[bool] = ..., framed_port: _Optional[int] = ..., pushed_with_answer: _Optional[bool] = ...) -> None: ...
 
 class PullTaskRequest(_message.Message):
     __slots__ = ("session_id", "max_wait_s", "declined", "inline_ok")
@@ -351,16 +353,18 @@ class PushReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("header", "chunk", "pull", "then_pull")
+    __slots__ = ("header", "chunk", "pull", "then_pull", "pushed_with_answer")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
     THEN_PULL_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_WITH_ANSWER_FIELD_NUMBER: _ClassVar[int]
     header: UpdateHeader
     chunk: Chunk
     pull: PullTaskRequest
     then_pull: PullTaskRequest
-    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., pull: _Optional[_Union[PullTaskRequest, _Mapping]] = ..., then_pull: _Optional[_Union[PullTaskRequest, _Mapping]] = ...) -> None: ...
+    pushed_with_answer: bool
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., pull: _Optional[_Union[PullTaskRequest, _Mapping]] = ..., then_pull: _Optional[_Union[PullTaskRequest, _Mapping]] = ..., pushed_with_answer: _Optional[bool] = ...) -> None: ...
 
 class SessionReply(_message.Message):
     __slots__ = ("wait", "header", "chunk", "pushed")

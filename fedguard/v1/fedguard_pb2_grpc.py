@@ -117,7 +117,8 @@ class FederationServicer:
     def Session(self, request_iterator, context):
         """PullTask and PushUpdate on one long-lived stream per device: the client sends a `pull` and reads the task
         (as PullTask's stream: one Wait, or a TaskHeader and the model's chunks), or sends an update (a header, then
-        the chunks it announces) and reads one `pushed` reply; then the next exchange. A refusal ends the stream with
+        the chunks it announces) and reads one `pushed` reply (or, with SessionRequest.pushed_with_answer, the
+        answer to the pull sent with it); then the next exchange. A refusal ends the stream with
         its status (the client opens a new one). Not with signed requests (each unary call carries its signature).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -619,3 +619,102 @@ def test_an_app_stopping_its_client_ends_a_framed_exchange_at_once(tmp_path: Pat
         assert time.monotonic() - started < 5
         assert not lone.running
         ch.close()
+
+
+def _federate(tmp_path: Path, on_round_end: Any = None, rounds: int = 3) -> tuple[list[Any], list[str], Path]:
+    """Two FedClients over the framed port; the kinds of the replies they read there, and the run dir."""
+    kinds: list[str] = []
+    read = FramedSession.reply
+
+    def recording(self: FramedSession) -> bytes:
+        data = read(self)
+        kinds.append(str(pb.SessionReply.FromString(data).WhichOneof("kind")))
+        return data
+
+    cfg = server_config(tmp_path, server={"framed_address": "127.0.0.1:0"},
+                        rounds={"num_rounds": rounds, "clients_per_round": 2, "min_available": 2, "seed": 5})
+    mp = pytest.MonkeyPatch()
+    mp.setattr(FramedSession, "reply", recording)
+    try:
+        with ServerThread(cfg, linger_s=0.5) as srv:
+            clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}",
+                                              data_index=i, long_poll_s=5.0), on_round_end=on_round_end).start()
+                       for i in range(2)]
+            status = srv.wait(60)
+            assert status is not None and status.outcome == "completed", status
+            summaries = [c.join(30) for c in clients]
+    finally:
+        mp.undo()
+    return summaries, kinds, tmp_path / "run"
+
+
+def test_a_devices_round_is_one_message_each_way_unless_the_app_wants_each_round_at_once(tmp_path: Path) -> None:
+    """A client sends its update with its next pull and pushed_with_answer: the answer (the next task, or the end)
+    is the update's acknowledgement, and no ``pushed`` message comes. An app with an on_round_end callback is told
+    of each round as soon as the server took it: its client asks for ``pushed`` (the answer's wait could be a
+    long-poll). The two give the same model, bit for bit, and every update is counted as taken."""
+    from fedcore.serialization import load_state
+
+    quiet, quiet_kinds, quiet_run = _federate(tmp_path / "quiet")
+    assert all(s.finished and s.updates_accepted == 3 and s.updates_rejected == 0 for s in quiet), quiet
+    assert "pushed" not in quiet_kinds and quiet_kinds.count("header") >= 4, quiet_kinds  # rounds 2-3: on the port
+    told: list[tuple[int, bool]] = []
+    eager, eager_kinds, eager_run = _federate(tmp_path / "eager", lambda r: told.append((r.round, r.accepted)))
+    assert all(s.finished and s.updates_accepted == 3 and s.updates_rejected == 0 for s in eager), eager
+    assert eager_kinds.count("pushed") >= 4, eager_kinds  # rounds 2 and 3 of each client at least
+    assert sorted(told) == [(r, True) for r in (1, 1, 2, 2, 3, 3)], told
+    ours = load_state(quiet_run / "final_model.fgt")[0]
+    theirs = load_state(eager_run / "final_model.fgt")[0]
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_an_update_whose_acknowledgement_was_lost_is_sent_again_and_counted_once(tmp_path: Path) -> None:
+    """The connection breaks after the server took an update and before the answer that was to acknowledge it: the
+    device cannot know, sends it again on a new connection, the server (whose round holds it) answers ALREADY_EXISTS
+    and records nothing against it, and the device counts it as taken, once."""
+    import asyncio
+
+    from fedcore.simulation import SimulationConfig
+    from fedserver import framed as framed_module
+    from fedserver.servicer import FederationServicer
+
+    conns: list[Any] = []
+    made = framed_module._Connection.connection_made
+
+    def recording(self: Any, transport: Any) -> None:
+        conns.append(self)
+        made(self, transport)
+
+    poll = FederationServicer._poll
+    broke: list[int] = []
+
+    async def breaking(self: Any, request: Any, raw: bytes, method: str, context: Any) -> Any:
+        state = self.coord.state
+        if not broke and self.coord.members.client_of(request.session_id) == "fast" and "fast" in state.accepted:
+            broke.append(state.round)  # the pull that came with fast's update: its connection goes, unanswered
+            next(c for c in conns if getattr(c, "context", None) is context).transport.abort()
+            await asyncio.Event().wait()  # cancelled as the connection is lost
+        return await poll(self, request, raw, method, context)
+
+    cfg = server_config(tmp_path, server={"framed_address": "127.0.0.1:0"},
+                        rounds={"num_rounds": 2, "clients_per_round": 2, "min_available": 2,
+                                "round_timeout_s": 60.0})
+    mp = pytest.MonkeyPatch()
+    mp.setattr(framed_module._Connection, "connection_made", recording)
+    mp.setattr(FederationServicer, "_poll", breaking)
+    try:
+        with ServerThread(cfg, linger_s=0.5) as srv:
+            fast = FedClient(ClientConfig(insecure=True, server=srv.address, client_id="fast", data_index=0,
+                                          long_poll_s=5.0, backoff_initial_s=0.05, backoff_max_s=0.2)).start()
+            # The other device takes 1.5 s a round: the round is still open when fast's copy arrives.
+            slow = FedClient(ClientConfig(insecure=True, server=srv.address, client_id="slow", data_index=1,
+                                          long_poll_s=5.0, simulation=SimulationConfig(straggler_delay_s=1.5))).start()
+            status = srv.wait(60)
+            assert status is not None and status.outcome == "completed", status
+            summaries = fast.join(30), slow.join(30)
+            history = [(r.round, r.accepted, r.rejected) for r in srv.status().history]
+    finally:
+        mp.undo()
+    assert broke == [1], broke
+    assert history == [(1, 2, 0), (2, 2, 0)], history
+    assert all(s.finished and s.updates_accepted == 2 and s.updates_rejected == 0 for s in summaries), summaries

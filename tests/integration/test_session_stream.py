@@ -133,6 +133,74 @@ def test_a_pull_can_go_with_the_update(federation) -> None:  # type: ignore[no-u
         ex.close()
 
 
+def _tasks(streams: dict[str, Exchange], sessions: dict[str, str]) -> dict[str, Any]:
+    """Round 1's task for each stream (short polls, taking turns)."""
+    tasks: dict[str, Any] = {}
+    deadline = time.monotonic() + 20
+    while len(tasks) < len(streams) and time.monotonic() < deadline:
+        for name, ex in streams.items():
+            if name not in tasks:
+                header, state = ex.pull(sessions[name], max_wait=0.1)
+                if isinstance(header, pb.TaskHeader):
+                    tasks[name] = state
+    assert set(tasks) == set(streams), tasks
+    return tasks
+
+
+def _with_pull(session: str, frames: list[pb.UpdateMessage], max_wait: float = 10.0,
+               pushed_with_answer: bool = True) -> list[pb.SessionRequest]:
+    """An update's frames as a Session stream's, its header carrying the next pull."""
+    first = pb.SessionRequest(header=frames[0].header, pushed_with_answer=pushed_with_answer,
+                              then_pull=pb.PullTaskRequest(session_id=session, max_wait_s=max_wait))
+    return [first, *(pb.SessionRequest.FromString(m.SerializeToString()) for m in frames[1:])]
+
+
+def test_an_update_is_acknowledged_by_the_answer_to_its_pull(federation) -> None:  # type: ignore[no-untyped-def]
+    """SessionRequest.pushed_with_answer: no ``pushed`` message; the first reply after the update is the answer to
+    the pull sent with it (round 2's task), which says the update was taken: one message each way per round."""
+    srv, s = federation
+    replies = {name: s.Join(pb.JoinRequest(client_id=name, token=TOKEN), timeout=5) for name in ("a", "b")}
+    assert all(r.pushed_with_answer for r in replies.values())  # the server says it reads the field
+    sessions = {name: r.session_id for name, r in replies.items()}
+    streams = {name: Exchange(s) for name in sessions}
+    tasks = _tasks(streams, sessions)
+    for name, ex in streams.items():
+        ex.send(*_with_pull(sessions[name], list(update_messages(sessions[name], 1,
+                                                                 {k: v + 0.01 for k, v in tasks[name].items()}))))
+    srv.wait_for_round(1, timeout=20)
+    assert [(r.round, r.accepted, r.rejected) for r in srv.status().history] == [(1, 2, 0)]
+    for ex in streams.values():
+        first_reply = next(ex.replies)
+        assert first_reply.WhichOneof("kind") == "header" and first_reply.header.round == 2, first_reply
+        ex.close()
+
+
+def test_a_pull_refused_after_its_update_was_taken_is_preceded_by_pushed(federation) -> None:  # type: ignore[no-untyped-def]
+    """The stream ends before the answer that was to acknowledge the update (its pull is refused): the server says
+    ``pushed`` first, then the refusal, so the device knows its update counted and need not send it again."""
+    srv, s = federation
+    sessions = {name: _join(s, name) for name in ("a", "b")}
+    streams = {name: Exchange(s) for name in sessions}
+    tasks = _tasks(streams, sessions)
+    ex = streams["a"]
+    ex.send(*_with_pull(sessions["a"], list(update_messages(sessions["a"], 1, tasks["a"])), max_wait=-1.0))
+    first = next(ex.replies)
+    assert first.WhichOneof("kind") == "pushed" and first.pushed.accepted, first
+    with pytest.raises(grpc.RpcError) as e:
+        next(ex.replies)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_wait_s" in (e.value.details() or "")
+    assert srv.call(lambda: list(srv.coordinator.state.accepted)) == ["a"]
+    # Sent again on a new stream (a device that did not hear back): ALREADY_EXISTS, and nothing recorded against it.
+    again = Exchange(s)
+    with pytest.raises(grpc.RpcError) as e:
+        again.push(update_messages(sessions["a"], 1, tasks["a"]))
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS, e.value.details()
+    state = srv.call(lambda: (list(srv.coordinator.state.accepted), dict(srv.coordinator.state.rejected)))
+    assert state == (["a"], {}), state
+    for x in (*streams.values(), again):
+        x.close()
+
+
 @pytest.mark.parametrize(("case", "code", "text"), [
     ("wrong_shape", grpc.StatusCode.INVALID_ARGUMENT, "has shape [3, 3], expected"),
     ("nan", grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
