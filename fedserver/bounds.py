@@ -91,15 +91,23 @@ def check_metrics(metrics: Mapping[str, float], field: str = "metrics") -> None:
         _number(value, f"{field}[{name}]", -MAX_METRIC_VALUE, MAX_METRIC_VALUE)
 
 
+# UpdateReport's double fields other than train_loss (read from the message's descriptor: a field added to the
+# message is bounded without a change here).
+_REPORT_DOUBLES = tuple(f.name for f in pb.UpdateReport.DESCRIPTOR.fields
+                        if f.type == f.TYPE_DOUBLE and f.name != "train_loss")
+
+
 def check_update_report(r: pb.UpdateReport) -> None:
     """The sizes of an :class:`~fedcore.update_report.UpdateReport` message; the ranges of its numbers are the
     intake's (:meth:`UpdateReport.bounds_error`, recorded against the round)."""
     _count(r.num_samples, "report.num_samples", MAX_SAMPLES)
     _number(r.train_loss, "report.train_loss", -MAX_LOSS, MAX_LOSS)
-    for f, value in r.ListFields():
-        if f.type == f.TYPE_DOUBLE and f.name != "train_loss":
-            _number(value, f"report.{f.name}", -MAX_METRIC_VALUE, MAX_METRIC_VALUE)
-    check_metrics(r.extras, "report.extras")
+    for name in _REPORT_DOUBLES:  # an absent one reads 0.0, inside the bounds
+        value = getattr(r, name)
+        if not -MAX_METRIC_VALUE <= value <= MAX_METRIC_VALUE:  # NaN fails it too
+            _number(value, f"report.{name}", -MAX_METRIC_VALUE, MAX_METRIC_VALUE)
+    if r.extras:
+        check_metrics(r.extras, "report.extras")
 
 
 def check_update_header(h: pb.UpdateHeader) -> None:

@@ -61,6 +61,24 @@ def test_absurd_update_headers_are_refused_naming_the_field(header: pb.UpdateHea
         num_samples=10, train_loss=0.5, beta_hat=-0.25, test_accuracy=0.9, extras={"lambda.mean": 0.1})))
 
 
+REPORT_DOUBLES = [f.name for f in pb.UpdateReport.DESCRIPTOR.fields if f.type == f.TYPE_DOUBLE]
+
+
+@pytest.mark.parametrize("name", REPORT_DOUBLES)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 1e300, -1e300])
+def test_every_number_of_an_update_report_is_bounded_naming_its_field(name: str, value: float) -> None:
+    """Each double of UpdateReport (taken from the message's descriptor: a field added later is covered): a
+    non-finite or absurd value is refused naming ``report.<field>``; finite ones in range, and absent optional
+    ones, pass."""
+    assert {"train_loss", "beta_hat", "test_accuracy", "test_loss", "private_accuracy", "train_seconds",
+            "passes"} <= set(REPORT_DOUBLES)
+    with pytest.raises(ProtocolError) as e:
+        bounds.check_update_report(pb.UpdateReport(num_samples=1, **{name: value}))
+    assert e.value.code == "INVALID_ARGUMENT" and e.value.message.startswith(f"report.{name}:"), e.value.message
+    bounds.check_update_report(pb.UpdateReport(num_samples=1, **{name: -0.5}))
+    bounds.check_update_report(pb.UpdateReport(num_samples=1))
+
+
 def test_certificate_identity_prefers_the_fedguard_uri() -> None:
     ctx = {"x509_subject_alternative_name": [b"DNS:x", b"urn:fedguard:client:alice"], "x509_common_name": [b"bob"]}
     assert certificate_identity(ctx) == "alice"
