@@ -13,6 +13,7 @@ Phases: ``sampling`` (waiting for enough available clients) -> ``training`` (tas
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,22 @@ class ClientRecord:
     ready: bool = False
 
 
-DERIVED_FIELDS = ("counts", "graced")  # RoundState's fields that are derived, never saved
+DERIVED_FIELDS = ("counts", "graced", "answered")  # RoundState's fields that are derived, never saved
+
+
+@dataclass
+class Answered:
+    """Derived: who of an attempt's selected clients has answered (accepted, rejected or declined) and who has not,
+    kept from the growth of the lists it was made from (:func:`who_answered`). It holds those lists themselves, not
+    their ids: a list replaced (a new attempt) is noticed, and so is one that shrank."""
+
+    selected: list[str]
+    accepted: list[str]
+    rejected: dict[str, str]
+    declined: list[str]
+    seen: tuple[int, int, int]  # how many of accepted, rejected and declined are in ``done``
+    done: set[str]
+    waiting: set[str]  # selected, not answered
 
 
 @dataclass
@@ -71,6 +87,10 @@ class RoundState:
     counts: tuple[int, int] | None = field(default=None, compare=False, repr=False)
     # Derived, not saved: the (round, attempt) whose selected clients the poll grace has been applied to.
     graced: tuple[int, int] | None = field(default=None, compare=False, repr=False)
+    # Derived, not saved: the answered and waiting clients of the attempt (:func:`who_answered`), so that an observation
+    # late in a round does not build the set of up to K answered clients and scan them again (O(K) per observation,
+    # O(K^2) per round: 21 us an update at K = 1,000).
+    answered: Answered | None = field(default=None, compare=False, repr=False)
 
     def _plain(self) -> dict[str, Any]:
         """Every saved field but ``clients``, as plain data (the lists and dicts copied)."""
@@ -312,7 +332,10 @@ def admission(state: RoundState, client_id: str, round_: int) -> str | None:
         return f"update for round {round_}, but the current round is {state.round}"
     if state.phase != TRAINING:
         return f"round {round_} is closed"
-    if client_id not in state.selected:
+    ans = who_answered(state)
+    if client_id in ans.waiting:  # the common case, in O(1): selected and not answered yet
+        return None
+    if client_id not in ans.done:
         return f"client was not selected for round {round_}"
     if client_id in state.accepted:
         return f"an update for round {round_} was already accepted from this client"
@@ -326,6 +349,30 @@ def admission(state: RoundState, client_id: str, round_: int) -> str | None:
 def holds_update(state: RoundState, client_id: str, round_: int) -> bool:
     """Whether ``round_`` is the round in training and already holds an update accepted from ``client_id``."""
     return state.phase == TRAINING and round_ == state.round and client_id in state.accepted
+
+
+def who_answered(s: RoundState) -> Answered:
+    """The attempt's answered and waiting clients: :attr:`RoundState.answered` brought up to date with what was
+    appended to ``accepted``, ``rejected`` and ``declined`` since (their only changes within an attempt), or made
+    afresh when any of them or ``selected`` was replaced or shrank."""
+    a = s.answered
+    if (a is None or a.selected is not s.selected or a.accepted is not s.accepted or a.rejected is not s.rejected
+            or a.declined is not s.declined or len(s.accepted) < a.seen[0] or len(s.rejected) < a.seen[1]
+            or len(s.declined) < a.seen[2]):
+        done = set(s.accepted)
+        done.update(s.rejected)
+        done.update(s.declined)
+        a = Answered(s.selected, s.accepted, s.rejected, s.declined,
+                     (len(s.accepted), len(s.rejected), len(s.declined)), done, set(s.selected) - done)
+        s.answered = a
+        return a
+    n_accepted, n_rejected, n_declined = a.seen
+    if (len(s.accepted), len(s.rejected), len(s.declined)) != a.seen:
+        new = [*s.accepted[n_accepted:], *itertools.islice(s.rejected, n_rejected, None), *s.declined[n_declined:]]
+        a.done.update(new)
+        a.waiting.difference_update(new)
+        a.seen = (len(s.accepted), len(s.rejected), len(s.declined))
+    return a
 
 
 def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limits) -> tuple[
@@ -466,10 +513,8 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
     elif s.phase == TRAINING:
         k = config.clients_per_round
         grace = limits.poll_grace_s
-        # Who has answered, as one set: membership tests in the lists would make each observation O(K^2).
-        answered = set(s.accepted)
-        answered.update(s.rejected)
-        answered.update(s.declined)
+        # Who has answered and who not, kept up to date (not built per observation: O(K) each, O(K^2) a round).
+        ans = who_answered(s)
         graced = bool(grace) and now - s.phase_since >= grace
         if graced and s.graced != (s.round, s.attempt):
             # Selected clients that did not come for their task within the grace are not waited for, and are not
@@ -477,14 +522,14 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
             # attempt: a client's last_seen only grows, so no other client can fall under it later.
             for c in s.selected:
                 rec = s.clients[c]
-                if c not in answered and rec.alive and rec.last_seen <= s.phase_since and rec.ready:
+                if c not in ans.done and rec.alive and rec.last_seen <= s.phase_since and rec.ready:
                     rec.ready = False
                     if s.counts is not None:
                         s.counts = (s.counts[0], s.counts[1] - 1)
             s.graced = (s.round, s.attempt)
-        # Stops at the first client still owed an update: early in a round, one of the first few selected.
-        pending = any(c not in answered and s.clients[c].alive
-                      and (not graced or s.clients[c].last_seen > s.phase_since) for c in s.selected)
+        # A client still owed an update: the first waiting one early in a round, few to look at late in it.
+        pending = any(s.clients[c].alive and (not graced or s.clients[c].last_seen > s.phase_since)
+                      for c in ans.waiting)
         if len(s.accepted) >= k:
             _close(s, now, "quorum", events)
         elif not pending and len(s.accepted) >= config.effective_min_updates:

@@ -466,3 +466,61 @@ def test_a_quiet_contact_skips_only_what_would_change_nothing() -> None:
             rm._advance(again, now, cfg, limits, events)
             assert events == [] and again.to_dict() == s.to_dict() and again.graced == s.graced, (obs, events)
     assert skipped > 500 and s.round > 5, (skipped, s.round)
+
+
+def _admission_by_lists(state: rm.RoundState, client_id: str, round_: int) -> str | None:
+    """:func:`fedcore.rounds.admission` as the lists say it, with no derived sets: the reference."""
+    if state.phase == rm.FINISHED:
+        return "the federation has finished"
+    if round_ != state.round:
+        return f"update for round {round_}, but the current round is {state.round}"
+    if state.phase != rm.TRAINING:
+        return f"round {round_} is closed"
+    if client_id not in state.selected:
+        return f"client was not selected for round {round_}"
+    if client_id in state.accepted:
+        return f"an update for round {round_} was already accepted from this client"
+    if client_id in state.rejected:
+        return f"an update for round {round_} was already rejected from this client"
+    if client_id in state.declined:
+        return f"the client declined round {round_}"
+    return None
+
+
+def test_the_answered_clients_kept_by_step_decide_as_a_fresh_set_would() -> None:
+    """Who answered and who is still waiting are kept from the lists' growth instead of built per observation (O(K)
+    each): through a seeded random history of 6,000 steps with refusals and declines of selected clients, a machine
+    that keeps them and one made to build them afresh before every step give the same events and states, and the kept
+    sets equal fresh ones after every step; they were carried over (not rebuilt) in most steps of a round; admission,
+    which reads them, answers every client as the lists alone would."""
+    import copy
+
+    import numpy as np
+
+    cfg = RoundsConfig(num_rounds=80, clients_per_round=5, min_available=7, round_timeout_s=3.0)
+    limits = rm.Limits(heartbeat_patience_s=3.0, poll_grace_s=1.0)
+    kept, fresh = rm.RoundState(), rm.RoundState()
+    rng = np.random.default_rng(5)
+    carried = 0
+    for _, obs, now in _random_history(kept, seed=13, steps=6000, mean_gap_s=0.1, clients=12):
+        if kept.phase == rm.TRAINING and kept.selected and rng.random() < 0.04:  # a selected one refused or declining
+            cid = kept.selected[int(rng.integers(len(kept.selected)))]
+            obs = (rm.UpdateRejected(cid, kept.round, "refused", now) if rng.random() < 0.6
+                   else rm.Declined(cid, now))
+        before = kept.answered
+        fresh.answered = None
+        _, ev_kept = rm.step(kept, obs, cfg, limits)
+        _, ev_fresh = rm.step(fresh, copy.deepcopy(obs), cfg, limits)
+        assert ev_kept == ev_fresh, obs
+        assert kept.to_dict() == fresh.to_dict() and kept.graced == fresh.graced, obs
+        a = kept.answered
+        if a is not None and a.selected is kept.selected:
+            done = set(kept.accepted) | set(kept.rejected) | set(kept.declined)
+            assert a.done == done and a.waiting == set(kept.selected) - done, obs
+            carried += a is before
+        for cid in (f"c{i}" for i in range(12)):  # admission answers as the lists do, every client, every step
+            for r in (kept.round, kept.round - 1):
+                assert rm.admission(kept, cid, r) == _admission_by_lists(kept, cid, r), (cid, r, obs)
+    assert kept.round > 8 and kept.rejected_total > 20 and carried > 500, (kept.round, kept.rejected_total, carried)
+    s = rm.RoundState.from_dict(kept.to_dict())
+    assert s.answered is None and "answered" not in kept.to_dict()  # derived: never saved
