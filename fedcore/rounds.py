@@ -326,16 +326,29 @@ def select_clients(available: list[str], n: int, seed: int, round_: int, attempt
 
 def admission(state: RoundState, client_id: str, round_: int) -> str | None:
     """Why an update from ``client_id`` for ``round_`` cannot be taken now, or None when it can."""
+    closed = closed_reason(state, round_)
+    if closed is not None:
+        return closed
+    if client_id in who_answered(state).waiting:  # the common case, in O(1): selected and not answered yet
+        return None
+    return answered_reason(state, client_id, round_)
+
+
+def closed_reason(state: RoundState, round_: int) -> str | None:
+    """Why no update for ``round_`` can be taken now (the federation finished, another round, not training)."""
     if state.phase == FINISHED:
         return "the federation has finished"
     if round_ != state.round:
         return f"update for round {round_}, but the current round is {state.round}"
     if state.phase != TRAINING:
         return f"round {round_} is closed"
-    ans = who_answered(state)
-    if client_id in ans.waiting:  # the common case, in O(1): selected and not answered yet
-        return None
-    if client_id not in ans.done:
+    return None
+
+
+def answered_reason(state: RoundState, client_id: str, round_: int) -> str | None:
+    """Why the training round cannot take an update from ``client_id``, read from the lists (O(K)): not selected, or
+    it already answered. :func:`admission` asks only for a client that is not waiting."""
+    if client_id not in state.selected:
         return f"client was not selected for round {round_}"
     if client_id in state.accepted:
         return f"an update for round {round_} was already accepted from this client"
