@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -174,20 +175,24 @@ class LocalRound:
 
     def run(self, model: nn.Module, data: ClientData, train_data: ClientData, fed: FederationInfo, round_: int,
             recovery_flag: bool, learning_rate: float | None, private_accuracy: float | None, *,
-            batches: Batches | None = None, local_epochs: int | None = None) -> RoundOutcome:
+            batches: Batches | None = None, local_epochs: int | None = None,
+            received: Mapping[str, torch.Tensor] | None = None) -> RoundOutcome:
         """Run round ``round_`` with the received model loaded in ``model``; ``model`` ends as the update.
-        ``train_data``, ``batches`` and ``local_epochs`` (None: the federation's): what the trainer trains on."""
+        ``train_data``, ``batches`` and ``local_epochs`` (None: the federation's): what the trainer trains on.
+        ``received``: the weights loaded into ``model``, in tensors of their own that nobody modifies (the task's);
+        None: a copy of ``model``'s is taken."""
         cfg = self.config
         self.ensure_trainer(fed)
         tstate = start_state = self._trainer_state(model)
-        received = model.state_dict()
-        before = {k: v.detach().clone() for k, v in received.items()}  # the hook's w^{r-1} (training changes model)
+        # w^{r-1} for the hook, vᵢ and the inference view: tensors training does not change.
+        before = dict(received) if received is not None else \
+            {k: v.detach().clone() for k, v in model.state_dict().items()}
         infer = model
         personal = False
         if self.serves_adapted(tstate.adapted is not None, self.recovering(fed, recovery_flag)[0]):
             if self.trainer.inference_module is None and self._inference_model is None:
                 self._inference_model = copy.deepcopy(model)
-            module = self.personal_module(tstate, model, received, self._inference_model)
+            module = self.personal_module(tstate, model, before, self._inference_model)
             if module is not None:
                 infer, personal = module, True
         ev = evaluate(infer, data.x_test, data.y_test)

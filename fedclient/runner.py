@@ -32,7 +32,7 @@ from fedclient.stream import Exchanges, StreamEnded
 from fedclient.transport import update_frames
 from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, FederationInfo
-from fedcore.models import model_fingerprint, model_manifest
+from fedcore.models import load_weights, model_fingerprint, model_manifest
 from fedcore.serialization import DEFAULT_CHUNK_BYTES, Reassembler, SerializationError, TensorMeta, payload_of
 from fedcore.update_report import BetaHat, UpdateReport
 from fedguard import wire
@@ -348,13 +348,13 @@ class RoundRunner:
         """The innermost step of the chain: the local round on the task, heartbeating, the app told of the new
         global model before and of vᵢ after."""
         model, fed = ctx.model, ctx.fed
-        model.load_state_dict(task.weights)
+        load_weights(model, task.weights)
         with self.conn.keep_alive():
             try:
                 self.api._task_received(task.round, task.weights, task.recovery, fed, model)
                 out = self.local.run(model, ctx.data, task.train_data, fed, task.round, task.recovery,
                                      task.learning_rate, self.setup.private_accuracy, batches=task.batches,
-                                     local_epochs=task.local_epochs)
+                                     local_epochs=task.local_epochs, received=task.weights)
             except LocalRoundError as e:
                 raise FedClientError(str(e)) from None
             self.api._trained(out.beta_hat_measured)

@@ -39,6 +39,7 @@ __all__ = [
     "deterministic_dropout",
     "evaluate",
     "generator_dropout",
+    "mode_free",
     "model_device",
     "resolve_device",
     "shuffled_batches",
@@ -69,7 +70,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> EvalResult:
-    """Accuracy and mean cross-entropy of ``model`` on (x, y), in eval mode; restores the mode.
+    """Accuracy and mean cross-entropy of ``model`` on (x, y), in eval mode; restores the mode (a model of
+    mode-free layers, :func:`mode_free`, computes the same in either mode and is not switched).
 
     Batches are moved to the model's device; the data may stay on the CPU. A test split of at most one batch (a
     device's, every round) is one forward pass with no running sums: the same float32 loss and count, so the same
@@ -79,7 +81,9 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     if n == 0:
         return EvalResult(float("nan"), float("nan"), 0)
     was_training = model.training
-    model.eval()
+    switch = not mode_free(model)  # else eval mode computes what train mode does: the switch and back are skipped
+    if switch:
+        model.eval()
     try:
         dev = model_device(model)
         with torch.no_grad():
@@ -99,4 +103,26 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
                 correct += (logits.argmax(dim=1) == yb).sum()
             return EvalResult(int(correct) / n, float(total_loss) / n, n)
     finally:
-        model.train(was_training)
+        if switch:
+            model.train(was_training)
+
+
+# Layers whose forward computes the same in train and eval mode (exact types: a subclass may read ``training``).
+# Not here: dropout, batch and instance norm, RReLU, the recurrent and attention layers (their dropout).
+MODE_FREE_LAYERS: frozenset[type[nn.Module]] = frozenset({
+    nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.Identity, nn.Flatten, nn.Unflatten,
+    nn.Linear, nn.Bilinear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d,
+    nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.LayerNorm, nn.GroupNorm,
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
+    nn.Sigmoid, nn.Tanh, nn.Softmax, nn.LogSoftmax, nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid,
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+})
+
+
+def mode_free(model: nn.Module) -> bool:
+    """Whether ``model`` computes the same in train and eval mode: every module one of :data:`MODE_FREE_LAYERS`
+    (exactly that type) with no forward hook that could read its mode."""
+    return all(type(m) in MODE_FREE_LAYERS and not (m._forward_hooks or m._forward_pre_hooks)
+               for m in model.modules())

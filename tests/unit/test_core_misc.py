@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -11,8 +12,8 @@ from fedclient.client import Backoff
 from fedcore.aggregation import AggregationConfig, make_aggregator
 from fedcore.config import TrainingConfig
 from fedcore.data import DataError, load_client_data
-from fedcore.models import ModelError, build_model, model_fingerprint
-from fedcore.train import evaluate, shuffled_batches, train_local
+from fedcore.models import ModelError, build_model, load_weights, model_fingerprint
+from fedcore.train import evaluate, mode_free, shuffled_batches, train_local
 
 
 def test_weighted_fedavg_equals_hand_computation() -> None:
@@ -257,3 +258,77 @@ def test_evaluate_of_one_batch_is_the_loops_result_and_restores_the_mode() -> No
     with pytest.raises(RuntimeError, match="broken forward"):
         evaluate(broken, x, y)
     assert broken.training  # put back even when the forward fails
+
+
+def test_a_model_of_mode_free_layers_is_evaluated_without_switching_its_mode() -> None:
+    data = load_client_data("synthetic", 1, seed=0, options={"min_samples": 200})
+    x, y = data.x_test, data.y_test
+    switched: list[bool] = []
+
+    class Watched(torch.nn.Sequential):  # a subclass: its mode could matter, so evaluate switches it
+        def train(self, mode: bool = True) -> Watched:
+            switched.append(mode)
+            return super().train(mode)
+
+    plain = build_model("mlp", seed=3)
+    plain_train = plain.train
+
+    def counted(mode: bool = True) -> torch.nn.Module:
+        switched.append(mode)
+        return plain_train(mode)
+
+    plain.train = counted  # type: ignore[method-assign]
+    watched = Watched(*build_model("mlp", seed=3).children())
+    assert mode_free(plain) and not mode_free(watched)
+    got = evaluate(plain, x, y)
+    assert switched == [] and plain.training  # not switched
+    assert evaluate(watched, x, y) == got  # the same numbers either way
+    assert switched == [False, True] and watched.training
+    # A layer whose forward depends on the mode, or a hook that could read it, keeps the switch.
+    assert not mode_free(torch.nn.Sequential(torch.nn.Linear(60, 8), torch.nn.Dropout(0.5)))
+    assert not mode_free(torch.nn.Sequential(torch.nn.Linear(60, 8), torch.nn.BatchNorm1d(8)))
+    hooked = build_model("mlp", seed=3)
+    hooked.get_submodule("1").register_forward_hook(lambda m, i, o: None)
+    assert not mode_free(hooked)
+    dropout = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(60, 10), torch.nn.Dropout(0.9))
+    first = evaluate(dropout, x, y)
+    assert evaluate(dropout, x, y) == first and dropout.training  # eval mode: no dropout, the same result twice
+
+
+def _loaded(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_load_weights_is_load_state_dict_and_leaves_unusual_models_to_it() -> None:
+    source = build_model("mlp", seed=5)
+    fast, slow = build_model("mlp", seed=3), build_model("mlp", seed=3)
+    calls: list[int] = []
+    original = fast.load_state_dict
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    fast.load_state_dict = counted  # type: ignore[method-assign]
+    load_weights(fast, source.state_dict())
+    slow.load_state_dict(source.state_dict())
+    assert calls == []  # the direct copy
+    assert all(torch.equal(a, b) for a, b in zip(_loaded(fast).values(), _loaded(slow).values(), strict=True))
+    assert all(p.requires_grad for p in fast.parameters())
+    # Wrong names or shapes: load_state_dict's own errors.
+    with pytest.raises(RuntimeError, match="Missing key"):
+        load_weights(fast, {k: v for k, v in source.state_dict().items() if k != "1.bias"})
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        load_weights(fast, {**source.state_dict(), "1.bias": torch.zeros(3)})
+    # A load hook, or a module that loads its own way (batch norm's buffers), goes through load_state_dict.
+    seen: list[str] = []
+    hooked = build_model("mlp", seed=3)
+    hooked.get_submodule("1").register_load_state_dict_post_hook(  # type: ignore[no-untyped-call]
+        lambda m, keys: seen.append("post"))
+    load_weights(hooked, source.state_dict())
+    assert seen == ["post"] and torch.equal(hooked.state_dict()["1.weight"], source.state_dict()["1.weight"])
+    norm = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    other(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))  # running stats and the count move
+    load_weights(norm, other.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(_loaded(norm).values(), _loaded(other).values(), strict=True))

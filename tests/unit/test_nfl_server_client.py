@@ -171,3 +171,30 @@ def test_a_corrupt_trainer_state_is_a_clear_error_and_is_left_alone(tmp_path: Pa
     with pytest.raises(LocalRoundError, match="unreadable trainer state"):
         _round(local, _fed(), build_model("mlp", {}).state_dict(), 1, False)
     assert (tmp_path / TRAINER_STATE_FILE).read_bytes() == b"not a tensor file"
+
+
+def test_a_round_given_its_received_weights_runs_as_one_that_copies_them() -> None:
+    # The runner hands LocalRound the task's own tensors (no copy of the model's); the round, its hook's w^{r-1}
+    # and the inference view are what a round that copies the loaded model computes, and training leaves them be.
+    fed = _fed(nr=0, c=1)  # adapting from the first round: vᵢ is built from the received weights too
+    start = {k: v.clone() for k, v in build_model("mlp", {}, seed=1).state_dict().items()}
+    data = load_client_data("synthetic", 0, fed.seed, {})
+    runs = []
+    for given in (False, True):
+        local = LocalRound(ClientConfig(), "c0", get_logger("test"))
+        weights = {k: v.clone() for k, v in start.items()}
+        outs = []
+        for round_ in (1, 2):
+            model = build_model("mlp", {})
+            model.load_state_dict(weights)
+            out = local.run(model, data, data, fed, round_, True, None, 0.99,
+                            received=weights if given else None)
+            assert out.update is not None and local.view is not None
+            assert all(torch.equal(out.update.received[k], weights[k]) for k in weights)
+            assert all(torch.equal(local.view.received[k], weights[k]) for k in weights)
+            assert not torch.equal(model.state_dict()["1.weight"], weights["1.weight"])  # training moved the model
+            outs.append((out.report, {k: v.clone() for k, v in model.state_dict().items()}))
+            weights = {k: v.clone() for k, v in model.state_dict().items()}
+        runs.append(outs)
+    for (report_a, sent_a), (report_b, sent_b) in zip(*runs, strict=True):
+        assert report_a == report_b and all(torch.equal(sent_a[k], sent_b[k]) for k in sent_a)
