@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -208,7 +208,7 @@ class LocalRound:
                                          epochs=fed.training.local_epochs if local_epochs is None else local_epochs,
                                          batches=batches)
         update = UpdateContext(
-            received=before, trained=model.state_dict(), num_train=data.num_train, seed=seeds.attack,
+            received=before, trained=ModelState(model), num_train=data.num_train, seed=seeds.attack,
             honest_update=partial(self._honest_update, model, before, start_state, data, fed, seeds, learning_rate))
         self._tstate = tstate
         self.state.save_trainer_state(tstate)
@@ -252,6 +252,29 @@ class LocalRound:
         self._individual = state
         self.state.save_individual(state)
         return state.adapting
+
+
+class ModelState(Mapping[str, torch.Tensor]):
+    """``model.state_dict()`` (views of its tensors), taken when first read: a round's update hook sees the trained
+    weights without every round paying for a state dict that no hook reads."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = model
+        self._state: dict[str, torch.Tensor] | None = None
+
+    def _get(self) -> dict[str, torch.Tensor]:
+        if self._state is None:
+            self._state = self._model.state_dict()
+        return self._state
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._get()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
 
 
 def _finite(value: float | None) -> float | None:

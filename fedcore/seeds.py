@@ -29,9 +29,10 @@ from __future__ import annotations
 import hashlib
 import operator
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -74,10 +75,20 @@ def derive_seed(*parts: int | str) -> int:
 
     Equal parts give equal seeds in every process; the type of a part counts (``1`` and ``"1"`` differ).
     """
+    return _seed_of(_hashed(len(parts), parts))
+
+
+def _hashed(count: int, parts: Sequence[int | str]) -> Any:
+    """The BLAKE2b state after the part count ``count`` and the first ``parts`` (``count`` may be larger: the rest
+    are added later, as :func:`round_seeds` adds each purpose to a copy of one shared prefix)."""
     h = hashlib.blake2b(digest_size=8, person=_PERSON)
-    h.update(len(parts).to_bytes(8, "little"))
+    h.update(count.to_bytes(8, "little"))
     for p in parts:
         h.update(_encode(p))
+    return h
+
+
+def _seed_of(h: Any) -> int:
     return int.from_bytes(h.digest(), "little") & _MASK
 
 
@@ -99,9 +110,14 @@ class RoundSeeds:
 
 def round_seeds(federation_seed: int, client_id: str, round_: int) -> RoundSeeds:
     """``derive_seed(federation_seed, client_id, round_, purpose)`` for the batches, dropout and attack purposes."""
-    return RoundSeeds(batches=derive_seed(federation_seed, client_id, round_, BATCHES),
-                      dropout=derive_seed(federation_seed, client_id, round_, DROPOUT),
-                      attack=derive_seed(federation_seed, client_id, round_, ATTACK))
+    prefix = _hashed(4, (federation_seed, client_id, round_))  # hashed once, finished per purpose
+
+    def purpose(name: str) -> int:
+        h = prefix.copy()
+        h.update(_encode(name))
+        return _seed_of(h)
+
+    return RoundSeeds(batches=purpose(BATCHES), dropout=purpose(DROPOUT), attack=purpose(ATTACK))
 
 
 def private_seed(federation_seed: int, client_id: str) -> int:

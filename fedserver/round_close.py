@@ -73,9 +73,8 @@ class RoundCloser:
             return rm.AggregationFailed(round_, str(e), self._clock())
         self.timing.aggregated(round_)
         report = await self.finalizer.report(result, round_log, self._state(), reason)
-        report = await asyncio.to_thread(self._complete, report)
-        self.timing.reported(round_)
-        await asyncio.to_thread(self.persistence.snapshot, self._state(), [*self.history, report], round_)
+        # The stages and the snapshot in one worker-thread hop (each hop is a thread wake-up and a loop wake-up).
+        report = await asyncio.to_thread(self._complete_and_persist, report, round_)
         self.timing.snapshotted(round_)
         for fn in self._subscribers:
             fn(report)
@@ -91,7 +90,10 @@ class RoundCloser:
         result.metrics.update(crafted)
         return result
 
-    def _complete(self, report: RoundReport) -> RoundReport:
+    def _complete_and_persist(self, report: RoundReport, round_: int) -> RoundReport:
+        """Steps 3 and 4 (in a worker thread): the stages complete the report, then the round is persisted."""
         for stage in self._stages:
             report = stage(report)
+        self.timing.reported(round_)
+        self.persistence.snapshot(self._state(), [*self.history, report], round_)
         return report

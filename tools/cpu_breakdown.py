@@ -54,7 +54,7 @@ FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("fedcore.aggregation.base", "StreamingFedAvg.finalize"),
     ("fedserver.global_models", "GlobalModels.apply_flat"),
     ("fedserver.finalize", "build_report"),
-    ("fedserver.round_close", "RoundCloser._complete"),
+    ("fedserver.round_close", "RoundCloser._complete_and_persist"),
     ("fedserver.store", "StateStore.save"),
     ("fedserver.coordinator", "write_round"),
     ("fedserver.coordinator", "log_event"),

@@ -27,6 +27,7 @@ before clipping; g = w^r - w^{r-1} the final aggregate step, rule output plus DP
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -58,6 +59,15 @@ SKETCH_SCRATCH_ELEMS = 1 << 18
 SKETCH_MIN_ROWS = 64
 
 
+@functools.lru_cache(maxsize=4)
+def _signs(num_params: int, seed: int) -> torch.Tensor:
+    """The sketch's ±1 signs (float32 [P]) of ``seed``: drawn once per model size and seed, not once per round (a
+    server makes a sketch every round; a 940k-parameter model's signs cost milliseconds)."""
+    gen = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (num_params,), generator=gen, dtype=torch.int8).to(torch.float32)
+    return signs.mul_(2.0).sub_(1.0)
+
+
 class CountSketch:
     """Linear sketch ``S: R^P -> R^d`` with ``E ||S x||^2 = ||x||^2`` (random signs, buckets j mod d).
 
@@ -74,9 +84,7 @@ class CountSketch:
             raise ValueError(f"sketch_dim: must be >= 1, got {dim}")
         self.num_params = num_params
         self.dim = dim
-        gen = torch.Generator().manual_seed(seed)
-        self.signs = torch.randint(0, 2, (num_params,), generator=gen, dtype=torch.int8).to(torch.float32)
-        self.signs.mul_(2.0).sub_(1.0)
+        self.signs = _signs(num_params, seed)  # shared, read only
         self._full = (num_params // dim) * dim
         # Rows of d coordinates processed per step: the scratch stays cache-sized (a [P] temporary halves
         # the throughput), and >= 64 rows keeps torch's column-sum kernel on its fast path.

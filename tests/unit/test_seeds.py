@@ -17,6 +17,7 @@ from fedcore.data import ClientData, load_client_data
 from fedcore.metrics import train_private_model
 from fedcore.models import build_model
 from fedcore.seeds import (
+    ATTACK,
     BATCHES,
     DROPOUT,
     GLOBAL_RNG_LOCK,
@@ -75,6 +76,15 @@ def test_derive_seed_is_a_63_bit_int_distinct_per_part() -> None:
         derive_seed(True)
     with pytest.raises(TypeError):
         derive_seed(1.5)  # type: ignore[arg-type]
+
+
+def test_round_seeds_are_derive_seed_of_each_purpose() -> None:
+    # round_seeds hashes (seed, client, round) once and finishes a copy per purpose: the same seeds, bit for bit.
+    for seed, cid, r in [(0, "client-1", 1), (2**62, "", 0), (-7, "ü-client", 10**9), (5, "c" * 300, 3)]:
+        rs = round_seeds(seed, cid, r)
+        assert (rs.batches, rs.dropout, rs.attack) == (derive_seed(seed, cid, r, BATCHES),
+                                                       derive_seed(seed, cid, r, DROPOUT),
+                                                       derive_seed(seed, cid, r, ATTACK))
 
 
 # ---- dropout from a generator ----
