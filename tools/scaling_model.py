@@ -38,6 +38,7 @@ so at a selection fraction f = K / N it serves N = (u R - F) / (f (a + b P) + i 
 
     python tools/scaling_model.py              # measure (about 1.5 minutes), fit, print the inputs and the table
     python tools/scaling_model.py --quick      # fewer rounds per run
+    python tools/scaling_model.py --framed --ks 6 24 96   # the framed port, three K (a steadier split of F and a)
 """
 
 from __future__ import annotations
@@ -752,12 +753,17 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="4 timed rounds per run")
     ap.add_argument("--framed", action="store_true",
                     help="measure with the framed Session transport (server.framed_address) instead of gRPC's")
+    ap.add_argument("--ks", type=int, nargs="+", default=[6, 24], metavar="K",
+                    help="the K of the calibration runs (N = K; each with both model sizes); more and larger K "
+                         "separate the fixed cost F from the per-client cost a more stably (default: 6 24)")
     args = ap.parse_args()
+    if len(set(args.ks)) < 2 or min(args.ks) < 1:
+        ap.error("--ks: at least two different K >= 1 (F and a are fitted from the runs' K)")
     if args.framed:
         SERVER_FLAGS[:] = ["--framed-address", "127.0.0.1:0"]
     torch.set_num_threads(1)
     t0 = time.monotonic()
-    cal = calibrate(4 if args.quick else args.rounds)
+    cal = calibrate(4 if args.quick else args.rounds, ks=args.ks)
     print_inputs(cal)
     print_capacity(cal.costs)
     print(f"(measured and fitted in {time.monotonic() - t0:.0f} s)")
