@@ -31,6 +31,7 @@ from fedserver import bounds
 from fedserver.auth import Authenticator, RefusalLog
 from fedserver.coordinator import Coordinator, ProtocolError, Task
 from fedserver.dispatch import WaitInfo
+from fedserver.idle_limit import IdleLimit
 from fedserver.limits import StreamLimits, return_freed_memory
 
 SERVICE_NAME = "fedguard.v1.Federation"
@@ -218,34 +219,43 @@ class FederationServicer:
         if isinstance(res, Task):
             self.coord.timing.handed_out(cid, res.round)  # the hand-out ends once the model is written out
 
-    async def _next(self, it: AsyncIterator[Incoming], session: str, idle_s: float | None = None) -> Incoming | None:
-        """The stream's next message; a stream idle for ``idle_s`` (``stream_idle_timeout_s``) is cancelled."""
+    async def _next(self, it: AsyncIterator[Incoming], session: str, limit: IdleLimit,
+                    idle_s: float | None = None) -> Incoming | None:
+        """The stream's next message; a stream idle for ``idle_s`` (``stream_idle_timeout_s``) is cancelled
+        (``limit``: the stream's one timer for all its waits, :mod:`fedserver.idle_limit`)."""
         idle_s = self.idle_s if idle_s is None else idle_s
+        limit.start(idle_s)
         try:
-            async with asyncio.timeout(idle_s):
-                return await anext(it, None)
-        except TimeoutError:
+            return await anext(it, None)
+        except asyncio.CancelledError:
+            if not limit.stop():
+                raise
             if session:
                 self.log.warning("update.stalled", session=session[:8], idle_s=idle_s,
                                  reason="no message within stream_idle_timeout_s: upload cancelled, buffer freed")
                 raise ProtocolError("DEADLINE_EXCEEDED", f"update stream idle for {idle_s:g} s; its partial "
                                                          "data was dropped, send the update again") from None
             raise ProtocolError("DEADLINE_EXCEEDED", f"stream idle for {idle_s:g} s; open a new one") from None
+        finally:
+            limit.stop()
 
     async def PushUpdate(self, request_iterator: AsyncIterator[Incoming],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
         it = aiter(request_iterator)
+        limit = IdleLimit()
         try:
-            first = await self._next(it, "")
+            first = await self._next(it, "", limit)
             if first is None:
                 raise ProtocolError("INVALID_ARGUMENT", "an update stream must start with its header")
-            await self._update(first, it, "PushUpdate", context, whole_stream=True)
+            await self._update(first, it, "PushUpdate", context, limit, whole_stream=True)
         except ProtocolError as e:
             await self._refuse(context, "PushUpdate", e)
+        finally:
+            limit.close()
         return pb.PushReply(accepted=True)
 
     async def _update(self, first: Incoming, it: AsyncIterator[Incoming], method: str,
-                      context: grpc.aio.ServicerContext, whole_stream: bool) -> None:
+                      context: grpc.aio.ServicerContext, limit: IdleLimit, whole_stream: bool) -> None:
         """Receive one update, ``first`` its header, the chunks from ``it``, and hand it to the intake; raises
         :class:`ProtocolError`. ``whole_stream``: the update is the whole stream (PushUpdate); otherwise (a Session
         stream) it ends with its announced bytes."""
@@ -286,7 +296,7 @@ class FederationServicer:
                         if digest is not None:
                             digest.update(h.data)
                     while whole_stream or asm.received < asm.expected:
-                        item = await self._next(it, h.session_id)
+                        item = await self._next(it, h.session_id, limit)
                         if item is None:
                             break  # finish() says what is missing
                         if item.chunk is not None:  # the common case: the chunk's data read in place
@@ -343,66 +353,70 @@ class FederationServicer:
         idle = self.idle_s
         then: tuple[pb.PullTaskRequest, bytes] | None = None  # a pull sent with the last update (then_pull)
         owed = False  # an update taken whose `pushed` rides on the answer to its then_pull (pushed_with_answer)
-        while True:
-            res: Any = None  # a pull's answer
-            inline_ok = False
-            pushed = False  # or an update taken
-            try:
-                if self.auth.signed:
-                    raise ProtocolError("FAILED_PRECONDITION", "this server requires signed requests, which the "
-                                                               "Session stream does not carry: use PullTask and "
-                                                               "PushUpdate (each call signed)")
-                if then is not None:  # the next exchange is the pull that came with the update
-                    (pull, raw), then = then, None
-                else:
-                    item = await self._next(it, "", idle)
-                    if item is None:
-                        return
-                    idle = between
-                    msg = _message(item)
-                    kind = msg.WhichOneof("kind")
-                    if kind == "header":
-                        await self._update(item, it, "Session", context, whole_stream=False)
-                        pushed = True
-                        if msg.HasField("then_pull"):
-                            # A copy: a sub-message keeps its parent (the update, its data) alive while it waits.
-                            raw = msg.then_pull.SerializeToString()
-                            then = pb.PullTaskRequest.FromString(raw), raw
-                            owed = msg.pushed_with_answer
-                        item = msg = None  # the update's bytes are not held while the stream waits
-                    elif kind == "pull":
-                        pull, raw = msg.pull, item.raw
+        limit = IdleLimit()  # one timer for all of the stream's waits
+        try:
+            while True:
+                res: Any = None  # a pull's answer
+                inline_ok = False
+                pushed = False  # or an update taken
+                try:
+                    if self.auth.signed:
+                        raise ProtocolError("FAILED_PRECONDITION", "this server requires signed requests, which the "
+                                                                   "Session stream does not carry: use PullTask and "
+                                                                   "PushUpdate (each call signed)")
+                    if then is not None:  # the next exchange is the pull that came with the update
+                        (pull, raw), then = then, None
                     else:
-                        raise ProtocolError("INVALID_ARGUMENT", "a Session exchange starts with a pull or an update "
-                                                                f"header, not {kind or 'an empty message'}")
-                if not pushed:
-                    cid, res = await self._poll(pull, raw, "Session", context)
-                    inline_ok = pull.inline_ok
-            except ProtocolError as e:
-                if owed:  # the update was taken: said before the refusal of its pull ends the stream
-                    owed = False
-                    yield _PUSHED
-                await self._refuse(context, "Session", e)
-            except Exception:
-                if owed:  # likewise before a failure of the server's own (the client then knows it need not resend)
-                    owed = False
-                    yield _PUSHED
-                raise
-            if pushed:
-                if not owed:
-                    yield _PUSHED
-                continue
-            owed = False  # the answer that follows acknowledges the update
-            message: pb.TaskMessage | bytes | None = None
-            for message in self._task_messages(res, inline_ok):
-                yield message  # TaskMessage's frames are SessionReply's (the same field numbers)
-            message = None  # nor is the task's (a model inside its header) while the device trains and polls
-            if isinstance(res, Task):
-                self.coord.timing.handed_out(cid, res.round)
-            elif isinstance(res, WaitInfo) and res.finished:
-                # Nothing more to exchange: the stream ends here (OK), so the device's close finds it done instead
-                # of resetting it, and the server is spared a cancelled call per device (ten thousand at once).
-                return
+                        item = await self._next(it, "", limit, idle)
+                        if item is None:
+                            return
+                        idle = between
+                        msg = _message(item)
+                        kind = msg.WhichOneof("kind")
+                        if kind == "header":
+                            await self._update(item, it, "Session", context, limit, whole_stream=False)
+                            pushed = True
+                            if msg.HasField("then_pull"):
+                                # A copy: a sub-message keeps its parent (the update, its data) alive while it waits.
+                                raw = msg.then_pull.SerializeToString()
+                                then = pb.PullTaskRequest.FromString(raw), raw
+                                owed = msg.pushed_with_answer
+                            item = msg = None  # the update's bytes are not held while the stream waits
+                        elif kind == "pull":
+                            pull, raw = msg.pull, item.raw
+                        else:
+                            raise ProtocolError("INVALID_ARGUMENT", "a Session exchange starts with a pull or an "
+                                                                    f"update header, not {kind or 'an empty message'}")
+                    if not pushed:
+                        cid, res = await self._poll(pull, raw, "Session", context)
+                        inline_ok = pull.inline_ok
+                except ProtocolError as e:
+                    if owed:  # the update was taken: said before the refusal of its pull ends the stream
+                        owed = False
+                        yield _PUSHED
+                    await self._refuse(context, "Session", e)
+                except Exception:
+                    if owed:  # likewise before a failure of the server's own (the client then knows it need not resend)
+                        owed = False
+                        yield _PUSHED
+                    raise
+                if pushed:
+                    if not owed:
+                        yield _PUSHED
+                    continue
+                owed = False  # the answer that follows acknowledges the update
+                message: pb.TaskMessage | bytes | None = None
+                for message in self._task_messages(res, inline_ok):
+                    yield message  # TaskMessage's frames are SessionReply's (the same field numbers)
+                message = None  # nor is the task's (a model inside its header) while the device trains and polls
+                if isinstance(res, Task):
+                    self.coord.timing.handed_out(cid, res.round)
+                elif isinstance(res, WaitInfo) and res.finished:
+                    # Nothing more to exchange: the stream ends here (OK), so the device's close finds it done instead
+                    # of resetting it, and the server is spared a cancelled call per device (ten thousand at once).
+                    return
+        finally:
+            limit.close()
 
     async def Heartbeat(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:
         try:
