@@ -11,6 +11,13 @@ import pytest
 from fedserver.idle_limit import IdleLimit
 
 
+def _done(value: str) -> asyncio.Future[str]:
+    """A future that already holds ``value`` (a wait that ends at once)."""
+    fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    fut.set_result(value)
+    return fut
+
+
 async def _wait(limit: IdleLimit, seconds: float, fut: asyncio.Future[str]) -> str:
     """The pattern of fedserver.servicer._next: the limit's expiry becomes TimeoutError."""
     limit.start(seconds)
@@ -56,9 +63,7 @@ def test_many_waits_in_time_share_one_timer_and_a_shorter_one_is_still_kept() ->
         loop.call_at = counted  # type: ignore[method-assign,assignment]
         limit = IdleLimit()
         for i in range(200):  # each wait's deadline later than the armed one's: no new timer
-            fut: asyncio.Future[str] = loop.create_future()
-            fut.set_result(str(i))
-            assert await _wait(limit, 5.0, fut) == str(i)
+            assert await _wait(limit, 5.0, _done(str(i))) == str(i)
         assert len(armed) == 1
         t0 = time.monotonic()
         with pytest.raises(TimeoutError):  # a shorter limit than the armed timer's: re-armed, expires on time
@@ -74,9 +79,7 @@ def test_the_timer_armed_for_an_earlier_wait_moves_on_to_the_current_one() -> No
     async def main() -> None:
         loop = asyncio.get_running_loop()
         limit = IdleLimit()
-        done: asyncio.Future[str] = loop.create_future()
-        done.set_result("a")
-        assert await _wait(limit, 0.05, done) == "a"  # the timer is armed for t + 0.05 and stays
+        assert await _wait(limit, 0.05, _done("a")) == "a"  # the timer is armed for t + 0.05 and stays
         fut: asyncio.Future[str] = loop.create_future()
         loop.call_later(0.15, fut.set_result, "b")
         assert await _wait(limit, 0.5, fut) == "b"  # the timer fired at 0.05, found this wait's deadline later
@@ -108,11 +111,8 @@ def test_a_cancel_from_elsewhere_is_a_cancel_not_a_timeout() -> None:
 
 def test_close_disarms_the_timer() -> None:
     async def main() -> None:
-        loop = asyncio.get_running_loop()
         limit = IdleLimit()
-        done: asyncio.Future[str] = loop.create_future()
-        done.set_result("x")
-        await _wait(limit, 0.05, done)
+        await _wait(limit, 0.05, _done("x"))
         limit.close()
         await asyncio.sleep(0.1)  # past the deadline the timer was armed for: nothing fires
         task = asyncio.current_task()
