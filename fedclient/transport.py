@@ -3,8 +3,8 @@ with an explicit ``insecure`` and a loud warning, and every request signed when 
 Ed25519 key (:mod:`fedguard.signing`).
 
 Requests are serialized here, once: the bytes that are signed are the bytes that are sent (the channel's
-multi-callables take bytes as they are). An update's header carries the SHA-256 of its tensor bytes, so signing
-the header binds the chunks too.
+multi-callables take bytes as they are). A signed update's header carries the SHA-256 of its tensor bytes, so
+signing the header binds the chunks too.
 """
 
 from __future__ import annotations
@@ -237,13 +237,18 @@ class ChannelPool:
 def update_frames(header: pb.UpdateHeader, payload: Payload | bytes | bytearray | memoryview, chunk_bytes: int,
                   message: type[pb.UpdateMessage] | type[pb.SessionRequest], inline: bool = False,
                   then_pull: pb.PullTaskRequest | None = None,
-                  pushed_with_answer: bool = False) -> tuple[bytes, Iterator[bytes]]:
-    """An update as ``message`` frames: the header (given the payload's SHA-256) and the chunks, sent from the
-    payload's own storage (each byte copied once, into its frame). ``inline`` (the server reads
-    ``UpdateHeader.data``): an update that fits one chunk rides in its header, and no chunks follow.
-    ``then_pull`` (a ``SessionRequest`` only): the pull that goes with the update (``SessionRequest.then_pull``);
-    ``pushed_with_answer``: its answer acknowledges the update (``SessionRequest.pushed_with_answer``)."""
-    header.payload_sha256 = payload.sha256() if isinstance(payload, Payload) else hashlib.sha256(payload).digest()
+                  pushed_with_answer: bool = False, signed: bool = False) -> tuple[bytes, Iterator[bytes]]:
+    """An update as ``message`` frames: the header and the chunks, sent from the payload's own storage (each byte
+    copied once, into its frame). ``signed``: the header (what a signed request's signature covers) is given the
+    payload's SHA-256, which binds the chunks to it (``UpdateHeader.payload_sha256``, which the server requires of a
+    signed update and checks whenever present); an unsigned update goes without (the transport's own integrity -- TCP,
+    TLS -- covers its bytes as it covers the header's; the hash cost each side ~10 us of an 18 KB update).
+    ``inline`` (the server reads ``UpdateHeader.data``): an update that fits one chunk rides in its header, and no
+    chunks follow. ``then_pull`` (a ``SessionRequest`` only): the pull that goes with the update
+    (``SessionRequest.then_pull``); ``pushed_with_answer``: its answer acknowledges the update
+    (``SessionRequest.pushed_with_answer``)."""
+    if signed:
+        header.payload_sha256 = payload.sha256() if isinstance(payload, Payload) else hashlib.sha256(payload).digest()
     chunks: Iterator[bytes] = iter(())
     if inline and wire.fits_inline(header.ByteSize(), len(payload), chunk_bytes):
         header.data = payload.tobytes() if isinstance(payload, Payload) else bytes(payload)
@@ -314,9 +319,9 @@ class Transport:
 
     def push(self, header: pb.UpdateHeader, payload: Payload | bytes | bytearray | memoryview, chunk_bytes: int,
              timeout: float, inline: bool = False) -> Any:
-        """Start a PushUpdate: the header (with the payload's SHA-256) then the chunks; a future of the reply. A
-        :class:`Payload` is sent from the tensors' own storage (each byte copied once, into its frame)."""
-        first, chunks = update_frames(header, payload, chunk_bytes, pb.UpdateMessage, inline)
+        """Start a PushUpdate: the header (with the payload's SHA-256 when signed) then the chunks; a future of the
+        reply. A :class:`Payload` is sent from the tensors' own storage (each byte copied once, into its frame)."""
+        first, chunks = update_frames(header, payload, chunk_bytes, pb.UpdateMessage, inline, signed=self.signs)
 
         def frames() -> Iterator[bytes]:
             yield first

@@ -9,6 +9,7 @@ the aggregation pipeline's metrics under ``"metrics"``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -92,8 +93,13 @@ class RoundReport:
     dp_sample_rate: float = NAN
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``rounds.jsonl`` row; NaN stays a float here: :func:`fedcore.jsonio.dumps` writes it as ``null``."""
-        d = dataclasses.asdict(self)
+        """The ``rounds.jsonl`` row; NaN stays a float here: :func:`fedcore.jsonio.dumps` writes it as ``null``.
+        ``dataclasses.asdict``'s dict (a subclass's fields too, every mapping copied), read field by field: asdict's
+        recursion costs ~6x as much (about 40 us a call, twice a round on the server)."""
+        d = {name: getattr(self, name) for name in _field_names(type(self))}
+        for name, value in d.items():
+            if isinstance(value, Mapping):
+                d[name] = dict(value)
         d["metrics"] = {k: float(v) for k, v in self.metrics.items()}
         d["clusters"] = {str(k): int(v) for k, v in self.clusters.items()}
         return d
@@ -113,6 +119,11 @@ class RoundReport:
         """Every numeric field beside the aggregation metrics (for flat metric maps and log lines)."""
         return {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)
                 if f.name not in ("round", "outcome", "nfl", "metrics", "clusters")}
+
+
+@functools.cache
+def _field_names(cls: type[RoundReport]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 _FLOAT_FIELDS = frozenset(f.name for f in dataclasses.fields(RoundReport) if f.type in ("float", float))

@@ -184,3 +184,21 @@ def test_a_client_inlines_its_update_only_when_asked_and_when_it_fits() -> None:
         first, chunks = update_frames(header(), payload, chunk_bytes, pb.UpdateMessage, inline=inline)
         assert not pb.UpdateMessage.FromString(first).header.data
         assert b"".join(pb.UpdateMessage.FromString(c).chunk.data for c in chunks) == bytes(payload)
+
+
+def test_an_update_carries_its_payloads_sha256_when_it_is_signed_only() -> None:
+    """UpdateHeader.payload_sha256 binds the chunks to the header a signature covers: a signed update's header has
+    the SHA-256 of its tensor bytes (inline or chunked); an unsigned one (a Session stream's, which carries no
+    signature) goes without, and the transport's own integrity covers its bytes."""
+    import hashlib
+
+    from fedclient.transport import update_frames
+
+    manifest, payload = pack({"w": torch.arange(1000, dtype=torch.float32)})
+    for inline, chunk_bytes in ((True, 1 << 20), (False, 2048)):
+        for signed in (True, False):
+            header = pb.UpdateHeader(session_id="s", round=1, tensors=wire.metas_to_pb(manifest),
+                                     total_bytes=len(payload))
+            first, _ = update_frames(header, payload, chunk_bytes, pb.SessionRequest, inline=inline, signed=signed)
+            sent = pb.SessionRequest.FromString(first).header.payload_sha256
+            assert sent == (hashlib.sha256(bytes(payload)).digest() if signed else b""), (inline, signed)

@@ -3,6 +3,7 @@ take both the strict rows and the NaN rows of older files."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -58,3 +59,24 @@ def test_json_log_lines_are_strict() -> None:
         logger.handlers[:], logger.level, logger.propagate = saved
     record = jsonio.strict_loads(buf.getvalue().splitlines()[-1])
     assert record["beta"] is None and record["eps"] is None and record["acc"] == 0.5
+
+
+def test_a_round_row_is_asdicts_dict_with_its_mappings_copied() -> None:
+    """RoundReport.to_dict reads the fields one by one instead of dataclasses.asdict's recursion: the same keys in
+    the same order and the same values (a subclass's field too), and no mapping of the report is handed out."""
+    from fedserver.round_timing import TimedReport
+
+    r = RoundReport(round=3, accepted=7, beta=math.nan, metrics={"w_div": 1.5, "n": 2}, clusters={"0": 4})
+    t = TimedReport(**{f.name: getattr(r, f.name) for f in dataclasses.fields(RoundReport)},
+                    timing_seconds={"round": 0.5})
+    for report in (r, t):
+        row, by_asdict = report.to_dict(), dataclasses.asdict(report)
+        by_asdict["metrics"] = {"w_div": 1.5, "n": 2.0}
+        assert list(row) == list(by_asdict)
+        assert json.dumps(row, sort_keys=True) == json.dumps(by_asdict, sort_keys=True)  # NaN == NaN as text
+        assert isinstance(row["metrics"]["n"], float)
+        for name in ("metrics", "clusters"):
+            assert row[name] is not getattr(report, name)
+    row = t.to_dict()
+    row["timing_seconds"]["round"] = 9.0
+    assert t.timing_seconds["round"] == 0.5
