@@ -9,7 +9,6 @@ the aggregation pipeline's metrics under ``"metrics"``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -121,9 +120,15 @@ class RoundReport:
                 if f.name not in ("round", "outcome", "nfl", "metrics", "clusters")}
 
 
-@functools.cache
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _field_names(cls: type[RoundReport]) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+    """The dataclass fields of ``cls`` (RoundReport or a subclass), in order; looked up once per class."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 _FLOAT_FIELDS = frozenset(f.name for f in dataclasses.fields(RoundReport) if f.type in ("float", float))
