@@ -37,7 +37,7 @@ class ClientRecord:
     ready: bool = False
 
 
-DERIVED_FIELDS = ("counts", "graced", "answered")  # RoundState's fields that are derived, never saved
+DERIVED_FIELDS = ("counts", "graced", "answered", "registry_version")  # derived, never saved
 
 
 @dataclass
@@ -91,6 +91,11 @@ class RoundState:
     # late in a round does not build the set of up to K answered clients and scan them again (O(K) per observation,
     # O(K^2) per round: 21 us an update at K = 1,000).
     answered: Answered | None = field(default=None, compare=False, repr=False)
+    # Derived, not saved: counts the changes :func:`step` made to what :meth:`saved_registry` lists (a client
+    # registered, or its samples or flags changed at a re-join), so a snapshot can reuse the registry it serialized
+    # last (a 1,000-client fleet's is ~0.25 ms of JSON a round). Code outside :func:`step` that changes a record's
+    # saved fields must add one.
+    registry_version: int = field(default=0, compare=False, repr=False)
 
     def _plain(self) -> dict[str, Any]:
         """Every saved field but ``clients``, as plain data (the lists and dicts copied)."""
@@ -115,8 +120,13 @@ class RoundState:
         The registry is then ints and flags only: for 10,000 clients 0.38 MB and ~4 ms of ``to_saved`` + JSON
         instead of 1.8 MB and ~27 ms, every round."""
         d = self._plain()
-        d["clients"] = [[r.client_id, r.index, r.num_samples, r.opt_out, r.attacker] for r in self.clients.values()]
+        d["clients"] = self.saved_registry()
         return d
+
+    def saved_registry(self) -> list[list[Any]]:
+        """The registry as :meth:`to_saved` writes it: ``[client_id, index, num_samples, opt_out, attacker]`` per
+        client, in registration order (changed only with :attr:`registry_version`)."""
+        return [[r.client_id, r.index, r.num_samples, r.opt_out, r.attacker] for r in self.clients.values()]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RoundState:
@@ -413,7 +423,10 @@ def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limi
         if rec is None:
             rec = ClientRecord(obs.client_id, index=len(s.clients))
             s.clients[obs.client_id] = rec
-        rec.num_samples, rec.opt_out, rec.attacker = obs.num_samples, obs.opt_out, obs.attacker
+            s.registry_version += 1
+        if (rec.num_samples, rec.opt_out, rec.attacker) != (obs.num_samples, obs.opt_out, obs.attacker):
+            rec.num_samples, rec.opt_out, rec.attacker = obs.num_samples, obs.opt_out, obs.attacker
+            s.registry_version += 1
         rec.last_seen, rec.alive = obs.now, True
     elif isinstance(obs, Seen | Polled):
         rec = s.clients.get(obs.client_id)

@@ -80,6 +80,8 @@ class Persistence:
         self.log = get_logger("fedserver")
         self.last_save_seconds = 0.0
         self._saved_history = 0  # history reports the store has (a snapshot appends only the ones after them)
+        # The round machine whose registry was serialized last, its registry_version then, and the JSON text.
+        self._registry: tuple[rm.RoundState, int, str] | None = None
 
     # ---- slots ----
 
@@ -210,9 +212,26 @@ class Persistence:
         }
         start = min(self._saved_history, len(history))
         tail = [r.to_dict() for r in history[start:]]
-        stats = self.store.save(Snapshot(completed_rounds, body, self.models.all(), history_len=len(history)), tail)
+        snap = Snapshot(completed_rounds, body, self.models.all(), history_len=len(history),
+                        state_text=self.state_text(state, body))
+        stats = self.store.save(snap, tail)
         self._saved_history = len(history)
         self.last_save_seconds = stats.seconds
+
+    def state_text(self, state: rm.RoundState, body: dict[str, Any]) -> str:
+        """``json.dumps(body)``, character for character, with the registry (the round state's last key,
+        ``clients``) serialized again only when ``state.registry_version`` moved since the last snapshot: between
+        joins a fleet's registry is the same every round (1,000 clients: ~0.2 ms of JSON a round)."""
+        round_state = body.get("round_state")
+        if list(body) != ["round_state", "slots"] or not isinstance(round_state, dict) \
+                or list(round_state)[-1:] != ["clients"]:
+            return json.dumps(body)  # not a snapshot's layout: nothing to splice
+        cached = self._registry
+        if cached is None or cached[0] is not state or cached[1] != state.registry_version:
+            cached = self._registry = (state, state.registry_version, json.dumps(round_state["clients"]))
+        head = json.dumps({k: v for k, v in round_state.items() if k != "clients"})
+        head = f"{head[:-1]}, " if head != "{}" else "{"
+        return f'{{"round_state": {head}"clients": {cached[2]}}}, "slots": {json.dumps(body["slots"])}}}'
 
     def progress(self, state: rm.RoundState) -> None:
         """Record the round machine between snapshots (an abandoned attempt, a stop) so a restart re-runs

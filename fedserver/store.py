@@ -143,6 +143,9 @@ class Snapshot:
     # How many rows of the store's history table the snapshot covers (-1: its history is inside ``state``, as
     # schema-1 stores kept it). On save, :meth:`StateStore.save`'s ``history_tail`` ends at this count.
     history_len: int = -1
+    # On save: ``json.dumps(state)`` when the caller has it already (fedserver.persistence reuses the registry's
+    # text between rounds), else None.
+    state_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -345,7 +348,7 @@ class StateStore:
         if history_tail and (snap.history_len < 0 or first_seq < 0):
             raise ValueError(f"history_tail of {len(history_tail)} rows cannot end at history_len "
                              f"{snap.history_len}")
-        state_text = json.dumps(snap.state)
+        state_text = snap.state_text if snap.state_text is not None else json.dumps(snap.state)
         tail_texts = [json.dumps(row) for row in history_tail]
         nonce = secrets.token_hex(4)
         names = [f"r{snap.completed_rounds:06d}-{model_id}-{nonce}.fgt" for model_id in sorted(snap.models)]

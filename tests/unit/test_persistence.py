@@ -215,3 +215,38 @@ def test_persistence_off_writes_no_state(tmp_path: Path) -> None:
     assert p.restore(now=0.0) is None
     _completed(p, p.models, 1)
     assert not (tmp_path / "run" / "state").exists()
+
+
+def test_a_snapshot_reuses_the_registrys_text_until_a_join_changes_it(tmp_path: Path) -> None:
+    """A snapshot's state text is ``json.dumps`` of its body, character for character, with the registry serialized
+    again only when step changed it (``RoundState.registry_version``: a new client, or a re-join with other samples or
+    flags): through joins, re-joins, polls and rounds the text equals a fresh dump every time, the cached registry is
+    reused in most snapshots, and a restart reads the registry as it was last written."""
+    cfg = _config(tmp_path / "run", rounds={"clients_per_round": 2, "num_rounds": 100})
+    rounds_cfg = cfg.rounds
+    limits = rm.Limits(heartbeat_patience_s=60.0)
+    p = Persistence(cfg, _models())
+    p.restore(now=0.0)
+    p.register_slot("detector", lambda: {"n": 1}, lambda d: None)
+    s, reused = rm.RoundState(), 0
+    for i in range(60):
+        cid = f"c{i % 7}"
+        if i % 5 == 0:  # a new client (some with a record's defaults), or a re-join with other samples or flags
+            joined = rm.Joined(cid, float(i), num_samples=10 + i % 3 if i % 4 else 0, opt_out=i % 10 == 0 and i > 30)
+            s, _ = rm.step(s, joined, rounds_cfg, limits)
+        s, _ = rm.step(s, rm.Polled(cid, float(i)), rounds_cfg, limits)
+        body = {"round_state": s.to_saved(), "slots": {"detector": {"n": 1}}}
+        before = p._registry
+        assert p.state_text(s, body) == json.dumps(body), i
+        reused += before is not None and p._registry is before
+    assert reused > 30, reused
+    p.snapshot(s, [RoundReport(round=1)], 1)
+    p.close()
+    restored = Persistence(cfg, _models())
+    restored.register_slot("detector", lambda: {}, lambda d: None)
+    back = restored.restore(now=0.0)
+    assert back is not None
+    assert back.round_state.saved_registry() == s.saved_registry()
+    restored.close()
+    odd = {"slots": {}, "round_state": {"clients": []}}  # not a snapshot's layout: a plain dump
+    assert p.state_text(s, odd) == json.dumps(odd)
