@@ -115,7 +115,8 @@ class StreamingFedAvg:
       order (ties in arrival order).
     - Blocks: a small model's updates are validated and range-checked as they arrive (``add`` refuses a bad one
       at once) and copied into a block of :func:`~fedcore.aggregation.fixedpoint.block_rows` rows (one chunk); a
-      full block, and the last one at ``finalize``, is summed and sketched at once
+      full block, the block once all but one of the round's ``expected`` updates are in (the close then sums the last
+      row only), and the last one at ``finalize``, is summed and sketched at once
       (:meth:`FixedPointSum.add_rows`, :meth:`CountSketch.rows`): bit-identical to adding them one by one, for
       numpy's per-call cost once per block. A model of more than half a chunk (32,768 parameters) is added as
       it arrives.
@@ -148,6 +149,7 @@ class StreamingFedAvg:
         rows = fixedpoint.block_rows(num_params)
         self._block = torch.empty(rows, num_params, dtype=torch.float32) if rows > 1 else None
         self._pending: list[float] = []  # the multipliers of the block's filled rows
+        self._expected = expected
         self._num_clipped = 0
         self._rejected: list[str] = []
 
@@ -195,7 +197,9 @@ class StreamingFedAvg:
             return
         self._block[len(self._pending)].copy_(u)
         self._pending.append(multiplier)
-        if len(self._pending) == self._block.shape[0]:
+        # A full block is summed now; so is the block once all but one of the round's expected updates are in: the
+        # round's close (which waits for the last one) then sums one row, not the whole block.
+        if len(self._pending) == self._block.shape[0] or len(self._received) == self._expected - 1:
             self._flush()
 
     def _flush(self) -> None:

@@ -314,6 +314,28 @@ def test_streaming_fedavg_in_blocks_is_bit_identical_to_row_by_row(p: int, monke
     assert _same_metrics(blocked.metrics, reference.metrics) and blocked.metrics["num_clipped"] > 0
 
 
+@pytest.mark.parametrize("k", [10, 15, 2 * 14 + 3])
+def test_the_block_is_summed_when_all_but_the_last_expected_update_are_in(k: int) -> None:
+    """With the round's K given (``expected``), the block is summed once K - 1 updates are in, so the close sums the
+    last row only (it waits for that one): no other block is left for finalize, and the result is bit for bit that of
+    an aggregator that sums the block at finalize (``expected`` not given)."""
+    p = 4554
+    rows, weights, keys = _updates(3, k=k, p=p)
+
+    def run(expected: int) -> tuple[int, AggregationResult]:
+        agg = StreamingFedAvg(p, sketch_dim=101, workers=1, expected=expected)
+        for i in range(k - 1):
+            agg.add(rows[i], weights[i], key=keys[i])
+        pending = len(agg._pending)
+        agg.add(rows[k - 1], weights[k - 1], key=keys[k - 1])
+        return pending, agg.finalize(torch.zeros(p))
+
+    (early_pending, early), (late_pending, late) = run(k), run(0)
+    assert early_pending == 0 and late_pending == (k - 1) % fixedpoint.block_rows(p)
+    assert late_pending > 0 or k - 1 == fixedpoint.block_rows(p)
+    assert torch.equal(early.new_global, late.new_global) and _same_metrics(early.metrics, late.metrics)
+
+
 @pytest.mark.parametrize(("p", "expected"), [(4554, 0), (4554, 3), (4554, 40), (40_000, 0), (40_000, 40)])
 def test_sketches_stored_in_arrival_order_give_the_estimate_of_the_rows_in_key_order(p: int, expected: int) -> None:
     # The store (grown from `expected` rows, or sized by it) keeps S u_i in arrival order; w_div must be the value
