@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.runs import split_passthrough  # noqa: E402
 
 # The figures read from tools/bench_rounds.py's output: name -> (pattern of its line, what it is).
 FIGURES: dict[str, tuple[str, str]] = {
@@ -116,11 +120,7 @@ def run_pair(base: Path, head: Path, args: list[str], start: Runner = start_benc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    bench_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, bench_args = argv[:cut], argv[cut + 1:]
+    argv, bench_args = split_passthrough(list(sys.argv[1:] if argv is None else argv))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--base", metavar="REV", help="the commit to compare with (checked out in a temporary worktree)")

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.runs import finished, finite_mean, launch_run, read_record, read_rows  # noqa: E402
+from tools.runs import finished, finite_mean, launch_run, read_record, read_rows, split_passthrough  # noqa: E402
 
 DEMO = ROOT / "tools" / "demo.sh"
 MODES = {"on": [], "off": ["--nfl-mode", "off"]}
@@ -142,11 +142,7 @@ def recorded_command(run_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_passthrough(list(sys.argv[1:] if argv is None else argv))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     ap.add_argument("--out", default="runs/demo_story", help="one run directory per mode and seed under it")

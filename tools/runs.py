@@ -37,6 +37,14 @@ class RunDirError(RuntimeError):
     """A run directory the runner must not touch (not written by it, unreadable, or another experiment's)."""
 
 
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(a tool's own arguments, the ones after ``--`` it passes on to the command it runs)."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def finished(run_dir: Path) -> bool:
     """Whether the run's server completed its federation: its last ``federation.finished`` log event says
     "completed", or "dp_budget" (its privacy budget is spent: running it again runs no round). A stalled federation
