@@ -57,6 +57,7 @@ from fedserver.intake import UpdateIntake
 from fedserver.membership import Membership
 from fedserver.nfl_monitor import SLOT as NFL_SLOT
 from fedserver.nfl_monitor import NflMonitor
+from fedserver.offload import Offload
 from fedserver.persistence import Persistence, StoreOpener, open_store, write_round
 from fedserver.polls import LongPolls
 from fedserver.round_close import RoundCloser, RoundSubscriber
@@ -129,7 +130,8 @@ class Coordinator:
                                    self.clusters.make_buffer if self.clusters.enabled else None)
         self.uploads = UploadGate(self.members, self.intake, stopping, self.timing)
         eval_model = model.to(evaluation_device(config)) if config.evaluation.central else None
-        finalizer = RoundFinalizer(config, self.models, eval_model, clock)
+        offload = Offload()  # the round close's blocking steps: a worker thread, or the loop when short
+        finalizer = RoundFinalizer(config, self.models, eval_model, clock, offload)
         harness = AdversaryHarness(config)  # simulation only; does nothing unless turned on
         self.persistence = Persistence(config, self.models, opener)
         self.persistence.register_slot(NFL_SLOT, self.nfl.save, self.nfl.load)
@@ -139,7 +141,7 @@ class Coordinator:
             self.persistence.register_slot(DISTFL_SLOT, self.clusters.save, self.clusters.load)
         self.closer = RoundCloser(self.intake, self.clusters, harness, finalizer, self.persistence, self.history,
                                   state, lambda: DP_BUDGET if self.dp.stop_required else "", clock, self.log,
-                                  self.timing)
+                                  self.timing, offload)
         # Stages complete the report, in this order, before the round is persisted.
         self.closer.add_stage(self.clusters.complete)
         self.closer.add_stage(lambda r: self.nfl.observe(r)[0])  # moves the detector before the snapshot saves it

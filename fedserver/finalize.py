@@ -7,7 +7,6 @@ the order in which updates arrived.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Callable
 
@@ -22,14 +21,16 @@ from fedcore.report import NAN, RoundReport, mean, median
 from fedcore.seeds import derive_seed
 from fedserver.global_models import GlobalModels
 from fedserver.intake import RoundLog
+from fedserver.offload import Offload
 
 BETA_KEYS = ("beta", "beta_weighted", "beta_benign", "beta_benign_weighted")
 
 
 class RoundFinalizer:
     def __init__(self, config: ServerConfig, models: GlobalModels, eval_model: torch.nn.Module | None,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], offload: Offload | None = None) -> None:
         self.config = config
+        self.offload = offload if offload is not None else Offload()  # a worker thread, or the loop when short
         self.models = models
         self._clock = clock
         self._eval_model = eval_model
@@ -43,13 +44,14 @@ class RoundFinalizer:
 
     async def aggregate(self, agg: Aggregator, round_: int) -> AggregationResult:
         """The new global model (raises ValueError when the rule cannot work with what arrived)."""
-        return await asyncio.to_thread(agg.finalize, self.models.flat(), self.noise_generator(round_))
+        return await self.offload.run("aggregate", agg.finalize, self.models.flat(), self.noise_generator(round_))
 
     async def report(self, result: AggregationResult, log: RoundLog, state: rm.RoundState,
                      reason: str) -> RoundReport:
         """Apply ``result`` to the global model and describe the round."""
         self.models.apply_flat(result.new_global)
-        central = await asyncio.to_thread(self._central_accuracy) if self._central is not None else NAN
+        central = await self.offload.run("central_accuracy", self._central_accuracy) if self._central is not None \
+            else NAN
         return build_report(log, state, reason, central, {k: float(v) for k, v in result.metrics.items()},
                             self._clock() - log.started_at)
 

@@ -17,7 +17,6 @@ the closer calls none of them by name. The result is the round machine's next ob
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from fedserver.clusters import ClusterShell, UpdateBuffer
 from fedserver.finalize import RoundFinalizer
 from fedserver.harness import AdversaryHarness
 from fedserver.intake import UpdateIntake
+from fedserver.offload import Offload
 from fedserver.persistence import Persistence
 from fedserver.round_timing import RoundTimer
 
@@ -39,7 +39,8 @@ class RoundCloser:
     def __init__(self, intake: UpdateIntake, clusters: ClusterShell, harness: AdversaryHarness,
                  finalizer: RoundFinalizer, persistence: Persistence, history: list[RoundReport],
                  state: Callable[[], rm.RoundState], ends_federation: Callable[[], str],
-                 clock: Callable[[], float], log: Any, timing: RoundTimer | None = None) -> None:
+                 clock: Callable[[], float], log: Any, timing: RoundTimer | None = None,
+                 offload: Offload | None = None) -> None:
         self.intake = intake
         self.clusters = clusters
         self.harness = harness
@@ -52,11 +53,14 @@ class RoundCloser:
         self._clock = clock
         self.log = log
         self.timing = timing if timing is not None else RoundTimer()  # stamps the close's phase boundaries
+        # Where the close's blocking steps run (fedserver.offload): the finalizer's too, one record per step name.
+        self.offload = offload if offload is not None else Offload()
         self._stages: list[ReportStage] = []
         self._subscribers: list[RoundSubscriber] = []
 
     def add_stage(self, stage: ReportStage) -> None:
-        """``stage`` completes every round's report before the round is persisted (it runs in a worker thread)."""
+        """``stage`` completes every round's report before the round is persisted (off the event loop's other work:
+        a worker thread, or the loop itself when the stages and the snapshot were short, :mod:`fedserver.offload`)."""
         self._stages.append(stage)
 
     def subscribe(self, fn: RoundSubscriber) -> None:
@@ -73,8 +77,8 @@ class RoundCloser:
             return rm.AggregationFailed(round_, str(e), self._clock())
         self.timing.aggregated(round_)
         report = await self.finalizer.report(result, round_log, self._state(), reason)
-        # The stages and the snapshot in one worker-thread hop (each hop is a thread wake-up and a loop wake-up).
-        report = await asyncio.to_thread(self._complete_and_persist, report, round_)
+        # The stages and the snapshot in one step (on a worker thread each hop is a thread wake-up and a loop wake-up).
+        report = await self.offload.run("complete_and_persist", self._complete_and_persist, report, round_)
         self.timing.snapshotted(round_)
         for fn in self._subscribers:
             fn(report)
@@ -84,14 +88,15 @@ class RoundCloser:
     async def _aggregate(self, agg: Aggregator | UpdateBuffer, round_: int) -> AggregationResult:
         if isinstance(agg, UpdateBuffer):  # DistFL: cluster, then aggregate per cluster
             return await self.clusters.aggregate(agg, round_)
-        crafted = (await asyncio.to_thread(self.harness.apply, agg, self._state(), round_)
+        crafted = (await self.offload.run("harness", self.harness.apply, agg, self._state(), round_)
                    if self.harness.enabled else {})
         result = await self.finalizer.aggregate(agg, round_)
         result.metrics.update(crafted)
         return result
 
     def _complete_and_persist(self, report: RoundReport, round_: int) -> RoundReport:
-        """Steps 3 and 4 (in a worker thread): the stages complete the report, then the round is persisted."""
+        """Steps 3 and 4 (one :class:`~fedserver.offload.Offload` step): the stages complete the report, then the
+        round is persisted."""
         for stage in self._stages:
             report = stage(report)
         self.timing.reported(round_)
