@@ -7,8 +7,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from fedserver.errors import ProtocolError
 
@@ -20,9 +18,8 @@ class StreamLimits:
         self._uploads: set[str] = set()
         self._pulls: set[str] = set()
 
-    @contextmanager
-    def upload(self, session: str, nbytes: int) -> Iterator[None]:
-        """Reserve ``nbytes`` for one upload of ``session`` while the block runs."""
+    def upload(self, session: str, nbytes: int) -> _Reserved:
+        """Reserve ``nbytes`` for one upload of ``session`` while the ``with`` block runs."""
         if session in self._uploads:
             raise ProtocolError("RESOURCE_EXHAUSTED", "an upload is already in flight for this session")
         if self.buffered + nbytes > self.max_buffered_bytes:
@@ -30,25 +27,36 @@ class StreamLimits:
                                                       f"updates (ceiling {self.max_buffered_bytes}); retry later")
         self._uploads.add(session)
         self.buffered += nbytes
-        try:
-            yield
-        finally:
-            self._uploads.discard(session)
-            self.buffered -= nbytes
+        return _Reserved(self, self._uploads, session, nbytes)
 
-    @contextmanager
-    def pull(self, session: str) -> Iterator[None]:
+    def pull(self, session: str) -> _Reserved:
+        """Hold ``session``'s one pull while the ``with`` block runs."""
         if session in self._pulls:
             raise ProtocolError("RESOURCE_EXHAUSTED", "a pull is already in flight for this session")
         self._pulls.add(session)
-        try:
-            yield
-        finally:
-            self._pulls.discard(session)
+        return _Reserved(self, self._pulls, session, 0)
 
     @property
     def uploads_in_flight(self) -> int:
         return len(self._uploads)
+
+
+class _Reserved:
+    """What :meth:`StreamLimits.upload` or :meth:`~StreamLimits.pull` took, given back when the ``with`` block
+    ends however it ends (a plain class: a generator-based context manager costs ~1.5 µs more, twice per
+    client-round)."""
+
+    __slots__ = ("_bytes", "_held", "_limits", "_session")
+
+    def __init__(self, limits: StreamLimits, held: set[str], session: str, nbytes: int) -> None:
+        self._limits, self._held, self._session, self._bytes = limits, held, session, nbytes
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._held.discard(self._session)
+        self._limits.buffered -= self._bytes
 
 
 def _malloc_trim() -> object | None:
