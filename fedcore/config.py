@@ -27,7 +27,7 @@ from fedcore.distfl.config import DistflConfig
 from fedcore.errors import ConfigError as ConfigError  # re-exported: the old import path keeps working
 from fedcore.errors import require
 from fedcore.models import check_model_kwargs
-from fedcore.nfl.config import LEGACY_DETECTOR_OPTIONS, NflConfig
+from fedcore.nfl.config import LEGACY_DETECTOR_OPTIONS, NflConfig, fitted
 from fedcore.options import from_dict as from_dict  # re-exported
 from fedcore.options import to_dict as to_dict  # re-exported
 from fedcore.privacy import DpConfig
@@ -494,6 +494,12 @@ def resolved_rounds(c: ServerConfig) -> RoundsConfig:
         except ValueError:
             n += 1
     return dataclasses.replace(r, min_updates=n)
+
+
+def resolved_nfl(c: ServerConfig) -> NflConfig:
+    """The ``[nfl]`` section the detector and the clients run: an unset ``nr`` / ``c`` fitted to
+    ``rounds.num_rounds`` (:func:`fedcore.nfl.config.fit_to_rounds`)."""
+    return fitted(c.nfl, c.rounds.num_rounds)
 
 
 def effective_aggregation(c: ServerConfig) -> AggregationConfig:

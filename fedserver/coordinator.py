@@ -33,6 +33,7 @@ from fedcore.config import (
     ServerConfig,
     check_aggregation_memory,
     check_data_config,
+    resolved_nfl,
     resolved_rounds,
     secret_token,
 )
@@ -117,7 +118,7 @@ class Coordinator:
         sessions = Sessions(secret_token(config.server.token, config.server.token_file),
                             config.security.max_sessions_per_credential)
         self.members = Membership(sessions, self.fingerprint, state, self.observe, self._notify, clock, self.log)
-        self.nfl = NflMonitor(config.nfl)
+        self.nfl = NflMonitor(resolved_nfl(config))
         check_distfl_model(config, model)
         self.clusters = ClusterShell(config, self.models, model, evaluation_device(config))
         self.dispatch = TaskDispatcher(self.models, config.training, lambda: self.nfl.recovery,

@@ -20,7 +20,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from fedcore.config import FederationInfo
+from fedcore.config import FederationInfo, resolved_nfl
 from fedcore.data import remote_options
 from fedcore.identity import shorten
 from fedcore.report import FederationStatus
@@ -114,12 +114,13 @@ class FederationServicer:
         if local:
             self.log.info("federation.local_data_options", options=local,
                           reason="not announced: clients set their own paths, downloads and file formats")
+        nfl = resolved_nfl(cfg)  # NR and c fitted to the run when [nfl] leaves them unset
         self._join_config = wire.federation_to_pb(FederationInfo(
             federation_id=cfg.server.federation_id, model_name=cfg.model.name, model_kwargs=cfg.model.kwargs,
             model_fingerprint=coordinator.fingerprint, model_spec=tuple(coordinator.manifest),
             training=cfg.training, dataset=cfg.data.dataset, data_options=announced,
             num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed, nfl_mode=cfg.nfl.mode,
-            chunk_bytes=cfg.server.chunk_bytes, nfl_nr=cfg.nfl.nr, nfl_c=cfg.nfl.c,
+            chunk_bytes=cfg.server.chunk_bytes, nfl_nr=nfl.nr or 0, nfl_c=nfl.c or 0,
             recovery_method=cfg.recovery.method, recovery_options=cfg.recovery.options))
 
     async def watch_revocations(self) -> None:

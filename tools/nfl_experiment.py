@@ -64,7 +64,9 @@ from tools.runs import (  # noqa: E402
     versions,
 )
 
-ENVS = {"nfl": "configs/mnist_nfl.toml", "ideal": "configs/mnist_ideal.toml"}
+# The environments' configs per dataset (--dataset): the papers' NFL and ideal environments (SPEC §11).
+DATASETS = {d: {"nfl": f"configs/{d}_nfl.toml", "ideal": f"configs/{d}_ideal.toml"} for d in ("mnist", "cifar10")}
+ENVS = DATASETS["mnist"]
 ARMS = {
     "fedavg": ["--nfl-mode", "off"],
     "detect": ["--nfl-mode", "detect-and-recover"],
@@ -86,7 +88,7 @@ LAST = 10
 def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> list[str]:
     """The launcher command of one run (``--resume`` is added by :func:`tools.runs.start_run` when it resumes)."""
     rounds, nr, c, private_epochs = _resolved(env, args)
-    cmd = [sys.executable, "-m", "fedlaunch", "--config", ENVS[env], "--run-dir", str(run_dir), "--seed",
+    cmd = [sys.executable, "-m", "fedlaunch", "--config", config_path(env, args), "--run-dir", str(run_dir), "--seed",
            str(seed), "--procs", str(args.procs), *ALL_ARMS[arm], "--server-set", f"nfl.nr={nr}",
            "--server-set", f"nfl.c={c}",
            # round 1 waits for all N clients, which first train their private models: give them time
@@ -101,27 +103,33 @@ def _launch_cmd(env: str, arm: str, seed: int, args: argparse.Namespace, run_dir
     return cmd
 
 
-def config_value(env: str, section: str, key: str) -> Any:
-    """A value of the environment's config file (``configs/mnist_<env>.toml``)."""
+def config_path(env: str, args: argparse.Namespace) -> str:
+    """The environment's config file for the run's dataset (``configs/<dataset>_<env>.toml``)."""
+    return DATASETS[getattr(args, "dataset", "mnist")][env]
+
+
+def config_value(env: str, section: str, key: str, args: argparse.Namespace | None = None) -> Any:
+    """A value of the environment's config file (``configs/<dataset>_<env>.toml``, MNIST's without ``args``)."""
     import tomllib
 
-    return tomllib.loads((ROOT / ENVS[env]).read_text())[section][key]
+    path = config_path(env, args) if args is not None else ENVS[env]
+    return tomllib.loads((ROOT / path).read_text())[section][key]
 
 
 def _resolved(env: str, args: argparse.Namespace) -> tuple[int, int, int, int]:
     """(rounds, nr, c, private epochs) of a run: the arguments, else the config's."""
-    return (args.rounds or int(config_value(env, "rounds", "num_rounds")),
-            args.nr if args.nr is not None else int(config_value(env, "nfl", "nr")),
-            args.c if args.c is not None else int(config_value(env, "nfl", "c")),
+    return (args.rounds or int(config_value(env, "rounds", "num_rounds", args)),
+            args.nr if args.nr is not None else int(config_value(env, "nfl", "nr", args)),
+            args.c if args.c is not None else int(config_value(env, "nfl", "c", args)),
             args.private_epochs if args.private_epochs is not None
-            else int(config_value(env, "launch", "private_epochs")))
+            else int(config_value(env, "launch", "private_epochs", args)))
 
 
 def run_spec(env: str, arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """What defines a run, kept in its record: a run directory is resumed only by the same spec."""
     rounds, nr, c, private_epochs = _resolved(env, args)
-    spec = {"experiment": "nfl", "env": env, "arm": arm, "seed": seed, "config": ENVS[env], "rounds": rounds,
-            "nr": nr, "c": c, "private_epochs": private_epochs, "arm_args": ALL_ARMS[arm]}
+    spec = {"experiment": "nfl", "env": env, "arm": arm, "seed": seed, "config": config_path(env, args),
+            "rounds": rounds, "nr": nr, "c": c, "private_epochs": private_epochs, "arm_args": ALL_ARMS[arm]}
     if getattr(args, "detector", ""):  # named only when given, so that earlier campaigns' records still match
         spec["detector"] = args.detector
     return spec
@@ -482,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run")
     r.add_argument("--out", default="runs/nfl_exp")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--dataset", default="mnist", choices=list(DATASETS),
+                   help="the environments' configs: configs/<dataset>_{nfl,ideal}.toml")
     r.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     r.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ALL_ARMS),
                    help="default: the FL-GUARD arms; the methods comparison adds fedprox lindt ditto apfl ft fb")

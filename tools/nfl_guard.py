@@ -97,8 +97,8 @@ def replay(obs: list[nfl.NflObservation], config: nfl.NflConfig) -> Replay:
         s, events = nfl.step(s, o, config)
         peak = max(peak, s.cusum if cusum else float(s.count))
         if any(e.kind == nfl.REPORTED for e in events):
-            return Replay(o.round, peak, h if cusum else config.nr + 1, s.armed_round, len(obs))
-    return Replay(None, peak, h if cusum else config.nr + 1, s.armed_round, len(obs))
+            return Replay(o.round, peak, h if cusum else nfl.thresholds(config)[0] + 1, s.armed_round, len(obs))
+    return Replay(None, peak, h if cusum else nfl.thresholds(config)[0] + 1, s.armed_round, len(obs))
 
 
 def vanilla_runs(paths: list[str]) -> dict[tuple[str, str, int], RunData]:
@@ -200,6 +200,65 @@ def tables(groups: list[tuple[str, dict[tuple[str, str, int], RunData]]]) -> str
     return "\n".join([*_table(head, summary), "", *_table(detail_head, detail), "", *_table(truth_head, truth)])
 
 
+# A live detect-and-recover run reports within this many rounds of the replay of the same seed's FedAvg run (issue
+# 49): up to its report both runs train the same vanilla FedAvg, so only the clients' own early adaptation (which
+# moves a few β̂ᵢ before the server reports) and thread timing can part them.
+AGREEMENT_ROUNDS = 2
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """One seed of one environment: the live detect run's first report, the replay's, and whether they agree."""
+
+    env: str
+    seed: int
+    nr: int
+    c: int
+    detector: str
+    live: int | None
+    replayed: int | None
+
+    @property
+    def agrees(self) -> bool:
+        if self.live is None or self.replayed is None:
+            return self.live is None and self.replayed is None
+        return abs(self.live - self.replayed) <= AGREEMENT_ROUNDS
+
+
+def live_config(rd: RunData) -> nfl.NflConfig:
+    """The detector configuration a detect run ran with: its record's NR, c and detector (the server's default
+    detector when the record names none)."""
+    spec = (rd.record or {}).get("spec") or {}
+    if "nr" not in spec or "c" not in spec:
+        raise SystemExit(f"nfl_guard: {rd.name} has no record with its nr and c (collect it with its record)")
+    return nfl.NflConfig(detector=str(spec.get("detector") or nfl.NflConfig().detector), nr=int(spec["nr"]),
+                         c=int(spec["c"])).validate()
+
+
+def agreement(runs: dict[tuple[str, str, int], RunData]) -> list[Agreement]:
+    """For every detect run with a FedAvg run of the same (env, seed): the live report round against the replay of
+    the FedAvg run's observations through the same detector configuration."""
+    out = []
+    for (env, arm, seed), rd in sorted(runs.items()):
+        ref = runs.get((env, "fedavg", seed))
+        if arm != "detect" or ref is None or not ref.rows or not rd.rows:
+            continue
+        cfg = live_config(rd)
+        live = next((int(r["round"]) for r in rd.rows if r.get("nfl") == "reported"), None)
+        out.append(Agreement(env, seed, int(cfg.nr or 0), int(cfg.c or 0), cfg.detector, live,
+                             replay(observations(ref.rows), cfg).report))
+    return out
+
+
+def agreement_table(rows: list[Agreement]) -> str:
+    head = ["env", "seed", "detector", "NR = c", "live report round", "replay of FedAvg", "difference",
+            f"within {AGREEMENT_ROUNDS}"]
+    body = [[a.env, str(a.seed), a.detector, f"{a.nr}" if a.nr == a.c else f"{a.nr}/{a.c}", _opt(a.live),
+             _opt(a.replayed), "-" if a.live is None or a.replayed is None else f"{a.live - a.replayed:+d}",
+             "yes" if a.agrees else "**no**"] for a in rows]
+    return "\n".join(_table(head, body))
+
+
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
 
@@ -210,7 +269,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="one group each: a campaign directory, a run directory or a NAME.rounds.jsonl file")
     ap.add_argument("--into", default="", help=f"write the tables into this Markdown file between its {BEGIN} and "
                                                f"{END} lines")
+    ap.add_argument("--agreement", action="store_true",
+                    help="instead: each detect run's live report round against the replay of the same seed's "
+                         f"FedAvg run (all PATHs as one campaign); exit 1 when one differs by more than "
+                         f"{AGREEMENT_ROUNDS} rounds")
+    ap.add_argument("--block", default="", help="with --into: the block's name (<!-- summarize NAME: begin -->)")
     args = ap.parse_args(argv)
+    if args.agreement:
+        rows = agreement(load_runs(args.paths))
+        text = agreement_table(rows)
+        print(text)
+        if args.into:
+            splice(Path(args.into), text, args.block)
+        return 0 if all(a.agrees for a in rows) else 1
     groups = [(Path(p).name, vanilla_runs([p])) for p in args.paths]
     for name, runs in groups:
         if not runs:
@@ -219,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     text = tables(groups)
     print(text)
     if args.into:
-        splice(Path(args.into), text)
+        splice(Path(args.into), text, args.block)
     return 0
 
 

@@ -13,6 +13,9 @@ from fedcore.nfl.config import (
     RECOVERY_STRATEGIES,
     SHORT_TERM,
     NflConfig,
+    fit_to_rounds,
+    fitted,
+    thresholds,
     validate_nfl_config,
 )
 from fedcore.nfl.detectors import (
@@ -58,8 +61,11 @@ __all__ = [
     "PlateauOptions",
     "WarmupOptions",
     "detector_names",
+    "fit_to_rounds",
+    "fitted",
     "init",
     "register_detector",
     "step",
+    "thresholds",
     "validate_nfl_config",
 ]

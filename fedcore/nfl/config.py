@@ -12,6 +12,7 @@ importing the detectors: nothing here imports upward and no import circle forms.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,11 +58,13 @@ class NflConfig:
     # "delta" (LINDT §3.4, Δ = w_div − ‖noise‖).
     detector: str = "beta_hat_plateau"
     # beta_hat: NFL is reported when β̂ < 0 has been observed in more than nr rounds (a count, not necessarily
-    # consecutive), i.e. at the (nr+1)-th negative round. FL-GUARD Table 3: 50 (CIFAR-like), 70 (Shakespeare-like).
-    nr: int = 50
+    # consecutive), i.e. at the (nr+1)-th negative round. FL-GUARD Table 3: 50 for 1,000 CIFAR rounds, 70 for
+    # Shakespeare. Unset: fitted to rounds.num_rounds (fit_to_rounds: 2/15 of the rounds, between 5 and 50 --
+    # 5 at 40 rounds, 20 at 150, the paper's 50 from 375 rounds on).
+    nr: int | None = None
     # beta_hat: β̂ is the mean of the last c round medians (FL-GUARD Eq. 5), and a report is cancelled after c
-    # consecutive rounds with β̂ >= 0.
-    c: int = 50
+    # consecutive rounds with β̂ >= 0. Unset: fitted to rounds.num_rounds, as nr.
+    c: int | None = None
     # delta: the threshold ε > 0 on Δ (LINDT Thm. 1 / Algorithm 2; paper value 0.1).
     epsilon: float = 0.1
     # delta: NFL is reported when Δ > ε has been observed in more than r_prime rounds (LINDT's r′; paper: 250).
@@ -104,6 +107,39 @@ class NflConfig:
         return self
 
 
+# fit_to_rounds: NR and c as a share of the run, bounded. The share is the one the project's tuned runs agree on:
+# the demo (40 rounds, NR = c = 5) and MNIST's paper-scale configs (150 rounds, 20), both 2/15 of the rounds; the
+# ceiling is the paper's own choice (FL-GUARD Table 3: 50 for 1,000 rounds, which the share would exceed); the floor
+# keeps c's β̂ window wide enough to average out one round's median (docs/nfl.md, "NR and c").
+FIT_SHARE = 2 / 15
+FIT_MIN = 5
+FIT_MAX = 50
+
+
+def fit_to_rounds(num_rounds: int) -> int:
+    """NR (and c) for a run of ``num_rounds`` rounds when ``[nfl]`` leaves them unset: ``round(num_rounds * 2/15)``
+    clamped to [5, 50]. NR + c then stays within a third of the run up to 375 rounds (within 10% at the paper's
+    1,000), so a report and its cancel both fit in the run."""
+    return min(FIT_MAX, max(FIT_MIN, round(num_rounds * FIT_SHARE)))
+
+
+def fitted(c: NflConfig, num_rounds: int) -> NflConfig:
+    """``c`` with an unset ``nr`` / ``c`` replaced by :func:`fit_to_rounds` (``num_rounds``); a copy, ``c`` is left
+    as it is (its unset fields are what a resume with more rounds fits again)."""
+    if c.nr is not None and c.c is not None:
+        return c
+    fit = fit_to_rounds(num_rounds)
+    return dataclasses.replace(c, nr=fit if c.nr is None else c.nr, c=fit if c.c is None else c.c)
+
+
+def thresholds(c: NflConfig) -> tuple[int, int]:
+    """(NR, c) of a fitted config; :class:`ValueError` when either is unset (fit it first: :func:`fitted`)."""
+    if c.nr is None or c.c is None:
+        raise ValueError("nfl: nr and c are unset; fit them to the run first (fedcore.nfl.fitted(config, "
+                         "num_rounds)) or give nfl.nr and nfl.c")
+    return c.nr, c.c
+
+
 def validate_nfl_config(c: NflConfig, prefix: str = "nfl") -> None:
     """Raise :class:`ConfigError` naming ``<prefix>.<field>`` for the first unusable field."""
 
@@ -113,8 +149,10 @@ def validate_nfl_config(c: NflConfig, prefix: str = "nfl") -> None:
     check(c.mode in MODES, "mode", f"one of {', '.join(repr(m) for m in MODES)}, got {c.mode!r}")
     check(isinstance(c.detector, str) and c.detector in DETECTORS, "detector",
           f"unknown NFL detector {c.detector!r}; known: {', '.join(DETECTORS.names())}")
-    check(is_int(c.nr) and c.nr >= 0, "nr", f"must be an integer >= 0, got {c.nr!r}")
-    check(is_int(c.c) and c.c >= 1, "c", f"must be an integer >= 1, got {c.c!r}")
+    check(c.nr is None or (is_int(c.nr) and c.nr >= 0), "nr",
+          f"must be an integer >= 0 (or unset: fitted to rounds.num_rounds), got {c.nr!r}")
+    check(c.c is None or (is_int(c.c) and c.c >= 1), "c",
+          f"must be an integer >= 1 (or unset: fitted to rounds.num_rounds), got {c.c!r}")
     check(isinstance(c.epsilon, (int, float)) and not isinstance(c.epsilon, bool)
           and math.isfinite(c.epsilon) and c.epsilon > 0, "epsilon",
           f"must be a finite number > 0, got {c.epsilon!r}")

@@ -83,7 +83,7 @@ from typing import Any
 
 from fedcore.checks import check_known_fields, is_int
 from fedcore.errors import require
-from fedcore.nfl.config import ALWAYS_RECOVER, DETECT_AND_RECOVER, SHORT_TERM, NflConfig
+from fedcore.nfl.config import ALWAYS_RECOVER, DETECT_AND_RECOVER, SHORT_TERM, NflConfig, thresholds
 from fedcore.nfl.config import DETECTORS as DETECTORS  # re-exported: the registry the detectors below fill
 from fedcore.registry import options_as
 from fedcore.update_report import BetaHat
@@ -221,13 +221,16 @@ def step(state: NflState, obs: NflObservation, config: NflConfig) -> tuple[NflSt
     if s.detector != config.detector or s.mode != config.mode:
         raise ValueError(f"nfl: the NFL state is for detector {s.detector!r} in mode {s.mode!r}, the configuration "
                          f"asks for detector {config.detector!r} in mode {config.mode!r}; start from init(config)")
+    if config.nr is None or config.c is None:
+        raise ValueError("nfl: nr and c are unset (fitted to the run's length when the server starts); step a "
+                         "config made by fedcore.nfl.fitted(config, num_rounds) or give nfl.nr and nfl.c")
     if obs.round <= s.last_round:
         return s, []
     obs = NflObservation(obs.round, _finite(obs.beta_hat), _finite(obs.delta))
     s.last_round = obs.round
     if obs.beta_hat is not None:
         s.medians.append(obs.beta_hat)
-        del s.medians[:-config.c]
+        del s.medians[:-config.c]  # c is set: checked above
         s.beta_hat = math.fsum(s.medians) / len(s.medians)  # FL-GUARD Eq. 5 over the medians we have
     if obs.delta is not None:
         s.delta = obs.delta
@@ -250,7 +253,7 @@ def _count_or_cancel(s: NflState, r: int, b: float, config: NflConfig, name: str
     if not s.reported:
         if b < 0:
             s.count += 1
-            if s.count > config.nr:
+            if s.count > thresholds(config)[0]:
                 s.reported = s.recovery = True
                 s.consecutive_ok, s.reported_round = 0, r
                 return [NflEvent(REPORTED, r, b, s.count, name)]
@@ -265,7 +268,7 @@ def _toward_cancel(s: NflState, r: int, b: float, config: NflConfig, name: str) 
         s.consecutive_ok = 0
         return []
     s.consecutive_ok += 1
-    if s.consecutive_ok < config.c:
+    if s.consecutive_ok < thresholds(config)[1]:
         return []
     ok = s.consecutive_ok
     events = [NflEvent(CANCELLED, r, b, ok, name)]

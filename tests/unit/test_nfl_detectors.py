@@ -25,9 +25,12 @@ from fedcore.nfl import (
     NflEvent,
     NflObservation,
     NflState,
+    fit_to_rounds,
+    fitted,
     init,
     register_detector,
     step,
+    thresholds,
 )
 from fedcore.registry import option_names
 
@@ -170,7 +173,7 @@ def test_a_state_for_another_detector_or_mode_is_refused() -> None:
 # ---- LINDT Δ detector ----
 
 def test_delta_reports_when_more_than_r_prime_rounds_had_delta_above_epsilon() -> None:
-    cfg = NflConfig(detector="delta", epsilon=0.5, r_prime=2)
+    cfg = NflConfig(detector="delta", nr=50, c=50, epsilon=0.5, r_prime=2)
     s, ev = _deltas(cfg, [1.0, 0.2, 0.5, 1.0, 0.1])  # 0.5 = ε does not count: Δ > ε only
     assert ev == [] and s.count == 2 and not s.recovery
     s, ev = _deltas(cfg, [1.5], s, first_round=6)
@@ -184,7 +187,8 @@ _STOP_SEQUENCE: list[float | None] = [1.0, 0.1, 0.1, 0.5, 0.1, 3.0, 0.1, 0.1, No
 
 
 def test_delta_stop_rule_after_delta_stop_rounds_consecutive_rounds_below_epsilon() -> None:
-    cfg = NflConfig(detector="delta", epsilon=0.5, r_prime=0, recovery=SHORT_TERM, delta_stop_rounds=3)
+    cfg = NflConfig(detector="delta", nr=50, c=50, epsilon=0.5, r_prime=0, recovery=SHORT_TERM,
+                    delta_stop_rounds=3)
     s, ev = _deltas(cfg, _STOP_SEQUENCE[:10])
     # report at round 1; rounds 2-3 below ε; round 4 (Δ = ε) breaks the run; round 5 below; round 6 (Δ > ε) is
     # counted and breaks the run; rounds 7-8 below ε; rounds 9-10 have no Δ and neither extend nor break it
@@ -201,7 +205,8 @@ def test_delta_stop_rule_after_delta_stop_rounds_consecutive_rounds_below_epsilo
 @pytest.mark.parametrize(("recovery", "stop_rounds"), [("long-term", 3), ("short-term", 0)])
 def test_delta_recovery_never_stops_when_long_term_or_the_stop_rule_is_disabled(recovery: str,
                                                                                 stop_rounds: int) -> None:
-    cfg = NflConfig(detector="delta", epsilon=0.5, r_prime=0, recovery=recovery, delta_stop_rounds=stop_rounds)
+    cfg = NflConfig(detector="delta", nr=50, c=50, epsilon=0.5, r_prime=0, recovery=recovery,
+                    delta_stop_rounds=stop_rounds)
     s, ev = _deltas(cfg, _STOP_SEQUENCE + [0.0] * 20)
     assert ev == [_ev(REPORTED, 1, 1.0, 1, "delta")]
     assert s.recovery and s.reported and all(h.recovery for h in s.history)
@@ -243,7 +248,7 @@ _ROUND_TRIP_ROWS: list[Row] = [(-1.0, 0.3), (0.25, None), (None, 0.05), (-0.5, 0
 @pytest.mark.parametrize("cfg", [
     NflConfig(detector="beta_hat", nr=1, c=2, recovery=SHORT_TERM),
     NflConfig(detector="beta_hat", nr=2, c=3),
-    NflConfig(detector="delta", epsilon=0.1, r_prime=1, recovery=SHORT_TERM, delta_stop_rounds=2),
+    NflConfig(detector="delta", nr=50, c=50, epsilon=0.1, r_prime=1, recovery=SHORT_TERM, delta_stop_rounds=2),
 ])
 def test_json_round_trip_at_every_cut_gives_identical_behaviour(cfg: NflConfig) -> None:
     ref, ref_ev = _feed(cfg, _ROUND_TRIP_ROWS)
@@ -303,7 +308,7 @@ def test_detectors_are_registered_by_name_and_custom_ones_plug_in(monkeypatch: p
         return [NflEvent(REPORTED, obs.round, 0.0, 0, "always")]
 
     register_detector("always", always)
-    cfg = NflConfig(detector="always").validate()
+    cfg = NflConfig(detector="always", nr=5, c=5).validate()
     s, ev = _feed(cfg, [(None, None)])
     assert s.recovery and ev == [NflEvent(REPORTED, 1, 0.0, 0, "always")]
 
@@ -312,9 +317,36 @@ def test_detectors_are_registered_by_name_and_custom_ones_plug_in(monkeypatch: p
 
 def test_config_defaults_are_the_papers_values_and_validate() -> None:
     c = NflConfig().validate()
-    # the default detector is the paper's rule behind the start-up guard chosen in docs/results/nfl_guard.md
+    # the default detector is the paper's rule behind the start-up guard chosen in docs/results/nfl_guard.md;
+    # NR and c are unset: fitted to the run's length
     assert (c.mode, c.detector, c.nr, c.c, c.epsilon, c.r_prime, c.recovery, c.delta_stop_rounds) == (
-        "detect-and-recover", "beta_hat_plateau", 50, 50, 0.1, 250, "long-term", 10)
+        "detect-and-recover", "beta_hat_plateau", None, None, 0.1, 250, "long-term", 10)
+
+
+@pytest.mark.parametrize(("rounds", "fit"), [
+    (1, 5), (10, 5), (40, 5), (41, 5), (42, 6), (150, 20), (300, 40), (371, 49), (375, 50), (1000, 50), (10**6, 50)])
+def test_unset_nr_and_c_are_fitted_to_the_run(rounds: int, fit: int) -> None:
+    # 2/15 of the rounds (the demo's 5 at 40, MNIST's 20 at 150), rounded half to even, within [5, 50]
+    assert fit_to_rounds(rounds) == fit
+    c = fitted(NflConfig(), rounds)
+    assert (c.nr, c.c) == (fit, fit) and thresholds(c) == (fit, fit)
+    assert NflConfig().nr is None  # the unset config is left as it is
+    # what is given is kept, each on its own
+    assert (fitted(NflConfig(nr=3), rounds).nr, fitted(NflConfig(nr=3), rounds).c) == (3, fit)
+    assert (fitted(NflConfig(c=7), rounds).nr, fitted(NflConfig(c=7), rounds).c) == (fit, 7)
+    # a report and its cancel fit in the run from 40 rounds up to 375
+    if 40 <= rounds <= 375:
+        assert 2 * fit <= rounds / 3
+
+
+def test_an_unfitted_config_is_refused_by_step() -> None:
+    with pytest.raises(ValueError, match="nr and c are unset"):
+        thresholds(NflConfig())
+    s = init(NflConfig())
+    with pytest.raises(ValueError, match="nr and c are unset"):
+        step(s, NflObservation(1, -1.0), NflConfig())
+    s, ev = step(s, NflObservation(1, -1.0), fitted(NflConfig(), 150))
+    assert ev == [] and s.count == 0  # plateau guard: round 1 arms nothing
 
 
 @pytest.mark.parametrize(("name", "value"), [

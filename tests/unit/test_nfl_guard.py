@@ -28,6 +28,7 @@ from fedcore.nfl import (
     step,
 )
 from fedcore.registry import option_names
+from tools import nfl_guard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -214,3 +215,39 @@ def test_the_servers_snapshot_keeps_the_guards_start_up_state() -> None:
         again.load(first.save())
         ev += [again.observe(RoundReport(round=cut + i + 1, beta_hat=m))[1] for i, m in enumerate(NFL[cut:])]
         assert ev == ev_straight and again.state.armed_round == straight.state.armed_round == 6
+
+
+# ---- a live detect run against the replay of the same seed's FedAvg run (issue 49) ----
+
+def _write_run(d: Path, name: str, medians: Sequence[float], nfl: Sequence[str], spec: dict[str, object]) -> None:
+    rows = [{"round": i + 1, "beta_hat": m, "nfl": s, "metrics": {}} for i, (m, s) in enumerate(zip(medians, nfl,
+                                                                                                  strict=True))]
+    (d / f"{name}.rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = {"spec": spec, "finished": True, "target_rounds": len(rows), "sittings": []}
+    (d / f"{name}.record.json").write_text(json.dumps(record))
+
+
+def test_live_report_rounds_are_checked_against_the_fedavg_replay(tmp_path: Path) -> None:
+    # FedAvg's recorded medians, negative after a start-up rise: the plateau guard arms, then NR = c = 2 counts.
+    medians = [-0.75, -0.5] + [-0.5] * 10
+    spec = {"nr": 2, "c": 2}
+    cfg = NflConfig(detector="beta_hat_plateau", nr=2, c=2).validate()
+    replayed = nfl_guard.replay(nfl_guard.observations(
+        [{"round": i + 1, "beta_hat": m} for i, m in enumerate(medians)]), cfg).report
+    assert replayed is not None and replayed + 3 <= len(medians)
+    n = len(medians)
+    _write_run(tmp_path, "nfl-fedavg-s0", medians, ["off"] * n, spec)
+    for seed, live in ((0, replayed + 2), (1, replayed + 3)):
+        if seed:
+            _write_run(tmp_path, f"nfl-fedavg-s{seed}", medians, ["off"] * n, spec)
+        states = ["watching" if r + 1 < live else "reported" for r in range(n)]
+        _write_run(tmp_path, f"nfl-detect-s{seed}", medians, states, spec)
+    rows = nfl_guard.agreement(nfl_guard.load_runs([str(tmp_path)]))
+    assert [(a.seed, a.live, a.replayed, a.agrees) for a in rows] == [
+        (0, replayed + 2, replayed, True), (1, replayed + 3, replayed, False)]
+    table = nfl_guard.agreement_table(rows)
+    assert "| nfl | 0 | beta_hat_plateau | 2 |" in table and "**no**" in table
+    assert nfl_guard.main([str(tmp_path), "--agreement"]) == 1  # one seed off by more than 2 rounds
+    (tmp_path / "nfl-detect-s1.rounds.jsonl").unlink()
+    (tmp_path / "nfl-detect-s1.record.json").unlink()
+    assert nfl_guard.main([str(tmp_path), "--agreement"]) == 0

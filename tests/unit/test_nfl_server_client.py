@@ -78,15 +78,15 @@ def test_monitor_completes_the_report_and_its_state_round_trips() -> None:
 
 
 def test_monitor_feeds_delta_from_the_aggregation_metrics() -> None:
-    cfg = NflConfig(detector="delta", r_prime=0, epsilon=0.1)
+    cfg = NflConfig(detector="delta", nr=50, c=50, r_prime=0, epsilon=0.1)
     mon = NflMonitor(cfg)
     r, ev = mon.observe(RoundReport(round=1, metrics={"delta": 0.5}))
     assert [e.kind for e in ev] == ["nfl.reported"] and r.recovery and mon.status().delta == 0.5
 
 
 def test_modes_show_as_off_and_always() -> None:
-    assert NflMonitor(NflConfig(mode="off")).observe(RoundReport(round=1, beta_hat=-1.0))[0].nfl == "off"
-    r, _ = NflMonitor(NflConfig(mode="always-recover")).observe(RoundReport(round=1, beta_hat=0.2))
+    assert NflMonitor(NflConfig(mode="off", nr=50, c=50)).observe(RoundReport(round=1, beta_hat=-1.0))[0].nfl == "off"
+    r, _ = NflMonitor(NflConfig(mode="always-recover", nr=50, c=50)).observe(RoundReport(round=1, beta_hat=0.2))
     assert r.nfl == "always" and r.recovery
 
 
