@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -37,6 +37,30 @@ class ClientData:
         return len(self.y_train)
 
 
+@dataclass(frozen=True)
+class SampleShape:
+    """What one sample of a dataset is, declared without loading any: ``shape`` (no batch dimension), ``dtype``
+    (``"float32"`` or ``"int64"``, as torch names them without ``torch.``) and ``num_classes`` (None: only the data
+    tells, e.g. a folder of images)."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    num_classes: int | None = None
+
+
+# A dataset's declared sample: one shape for every option, or a function of its options (given with the loader's
+# defaults filled in) that returns the shape, or None where only the data tells (a user's own files).
+SampleDeclaration: TypeAlias = SampleShape | Callable[[Mapping[str, Any]], SampleShape | None]
+
+
+def size_option(value: Any) -> int:
+    """An option that sets a size (``num_features``, ``seq_len``) as an int >= 1; ValueError otherwise (a
+    declaration that cannot read its options declares nothing: the loader's own check names the option)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"not a size: {value!r}")
+    return value
+
+
 ShardLoader = Callable[..., ClientData]
 _REGISTRY: Registry[ShardLoader] = Registry("dataset", DataError)
 # Per dataset, the options a remote party (the server's announcement) may set: never a path, a download or a
@@ -44,15 +68,36 @@ _REGISTRY: Registry[ShardLoader] = Registry("dataset", DataError)
 _REMOTE_OPTIONS: dict[str, frozenset[str]] = {}
 OptionsCheck = Callable[[Mapping[str, Any]], "int | None"]
 _CHECKS: dict[str, OptionsCheck] = {}
+# Per dataset, its declared sample and the defaults of its options (the keyword defaults of the function that
+# takes them), so that :func:`sample_shape` reads the options as the loader will.
+_SAMPLES: dict[str, tuple[SampleDeclaration, dict[str, Any]]] = {}
+
+
+def keyword_defaults(function: Callable[..., Any]) -> dict[str, Any]:
+    """The keyword parameters of ``function`` that have a default, with it."""
+    try:
+        params = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def declare_sample(name: str, sample: SampleDeclaration, defaults: Mapping[str, Any] | None = None) -> None:
+    """Declare what one sample of dataset ``name`` is (see :func:`sample_shape`); ``defaults``: its options'
+    defaults, handed to a declaration that is a function."""
+    _SAMPLES[name] = (sample, dict(defaults or {}))
 
 
 def register_dataset(name: str, remote_options: Collection[str] = (),
-                     check: OptionsCheck | None = None) -> Callable[[ShardLoader], ShardLoader]:
+                     check: OptionsCheck | None = None,
+                     sample: SampleDeclaration | None = None) -> Callable[[ShardLoader], ShardLoader]:
     """Register a shard loader; ``remote_options`` are the options a server may announce for it.
 
     ``check(options)`` validates options without loading data and returns the number of clients the data will
     have when the options fix it (see :func:`check_dataset`); without one, the loader's keyword parameters are
-    its options and the number of clients is open.
+    its options and the number of clients is open. ``sample`` declares what one sample is (:func:`sample_shape`;
+    a function is given the options with the loader's keyword defaults filled in).
     """
 
     def deco(loader: ShardLoader) -> ShardLoader:
@@ -60,6 +105,10 @@ def register_dataset(name: str, remote_options: Collection[str] = (),
         _REMOTE_OPTIONS[name] = frozenset(remote_options)
         if check is not None:
             _CHECKS[name] = check
+        if sample is not None:
+            declare_sample(name, sample, keyword_defaults(loader))
+        else:
+            _SAMPLES.pop(name, None)
         return loader
 
     return deco
@@ -84,6 +133,22 @@ def check_dataset(dataset: str, options: Mapping[str, Any] | None = None) -> int
         if unknown:
             raise DataError(f"dataset {dataset!r}: unknown option {unknown[0]!r}; known: {', '.join(known)}")
     return None
+
+
+def sample_shape(dataset: str, options: Mapping[str, Any] | None = None) -> SampleShape | None:
+    """What one sample of ``dataset`` is under ``options``, from its declaration alone (no data is read); None for
+    an unknown dataset, one that declares nothing, or options the declaration cannot read (the loader will say)."""
+    entry = _SAMPLES.get(dataset)
+    if entry is None or dataset not in _REGISTRY:
+        return None
+    declared, defaults = entry
+    if isinstance(declared, SampleShape):
+        return declared
+    try:
+        found = declared({**defaults, **dict(options or {})})
+    except (TypeError, ValueError, KeyError):
+        return None
+    return found if isinstance(found, SampleShape) else None
 
 
 def remote_options(dataset: str) -> frozenset[str]:

@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import torch
 
-from fedcore.data.base import DataError
+from fedcore.data.base import DataError, SampleShape
 from fedcore.data.loaders import (
     Pool,
     SplitArrays,
@@ -270,8 +270,11 @@ def cifar10_to_tensor(x: np.ndarray, normalize: bool = True) -> torch.Tensor:
     return images_to_tensor(x, CIFAR10_MEAN, CIFAR10_STD) if normalize else images_to_tensor(x)
 
 
+CIFAR10_SAMPLE = SampleShape((3, 32, 32), "float32", 10)
+
+
 @federated_dataset("cifar10", dataset_options=("data_dir", "source", "cache_dir", "download", "pool", "normalize"),
-                   default_partition="iid", remote_options=("pool", "normalize"))
+                   default_partition="iid", remote_options=("pool", "normalize"), sample=CIFAR10_SAMPLE)
 def cifar10_pool(seed: int, max_samples: int | None = None, data_dir: str | None = None, source: str = "auto",
                  cache_dir: str | None = None, download: bool = False, pool: str = "all",
                  normalize: bool = True) -> Pool:

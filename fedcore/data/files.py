@@ -15,13 +15,14 @@ of :mod:`fedcore.data.loaders`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from fedcore.data.base import DataError
+from fedcore.data.base import DataError, SampleShape, size_option
 from fedcore.data.loaders import Pool, federated_dataset, images_to_tensor, readonly
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
@@ -126,8 +127,18 @@ def _load_images(root: str, mode: str, image_size: int | None) -> tuple[np.ndarr
     return readonly(x), readonly(y), classes
 
 
+def imagefolder_sample(options: Mapping[str, Any]) -> SampleShape | None:
+    """With ``image_size``: 1 (mode L) or 3 (RGB) channels of image_size x image_size; without, the images tell
+    (and the classes are the folders: only the data tells)."""
+    if options.get("image_size") is None or options.get("mode") not in ("RGB", "L"):
+        return None
+    side = size_option(options["image_size"])
+    return SampleShape((1 if options["mode"] == "L" else 3, side, side), "float32", None)
+
+
 @federated_dataset("imagefolder", dataset_options=("path", "data_dir", "mode", "image_size", "mean", "std"),
-                   default_partition="iid", remote_options=("mode", "image_size", "mean", "std"))
+                   default_partition="iid", remote_options=("mode", "image_size", "mean", "std"),
+                   sample=imagefolder_sample)
 def imagefolder_pool(seed: int, max_samples: int | None = None, path: str | None = None,
                      data_dir: str | None = None, mode: str = "RGB", image_size: int | None = None,
                      mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> Pool:

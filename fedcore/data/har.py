@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedcore.data.base import DataError
+from fedcore.data.base import DataError, SampleShape
 from fedcore.data.loaders import Pool, federated_dataset, readonly
 from fedcore.data.paths import find_dataset_dir
 
@@ -48,7 +48,10 @@ def har_to_tensor(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=np.float32).transpose(0, 2, 1)))
 
 
-@federated_dataset("har", dataset_options=("data_dir",), default_partition="natural")
+HAR_SAMPLE = SampleShape((6, 128), "float32", len(HAR_CLASSES))  # the windows of hapt_windows.npz, channels first
+
+
+@federated_dataset("har", dataset_options=("data_dir",), default_partition="natural", sample=HAR_SAMPLE)
 def har_pool(seed: int, max_samples: int | None = None, data_dir: str | None = None) -> Pool:
     """HAR by volunteer (6 classes, x float32 [N, 6, 128]); option ``data_dir``."""
     x, y, volunteer = load_har(data_dir)

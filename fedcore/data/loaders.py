@@ -39,7 +39,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedcore.data.base import ClientData, DataError, register_dataset
+from fedcore.data.base import (
+    ClientData,
+    DataError,
+    SampleDeclaration,
+    declare_sample,
+    keyword_defaults,
+    register_dataset,
+)
 from fedcore.data.partition import (
     MIXED_GROUPS,
     SPLITS,
@@ -150,11 +157,14 @@ _POOLS: dict[str, _Entry] = {}
 
 
 def federated_dataset(name: str, dataset_options: Collection[str], default_partition: str = "iid",
-                      remote_options: Collection[str] = ()) -> Callable[[PoolBuilder], PoolBuilder]:
+                      remote_options: Collection[str] = (),
+                      sample: SampleDeclaration | None = None) -> Callable[[PoolBuilder], PoolBuilder]:
     """Register ``builder(seed=..., max_samples=..., **dataset_options) -> Pool`` as dataset ``name``.
 
     ``remote_options``: the dataset options a server may announce (plus every partition option); paths,
-    downloads and file formats are left out so that only the client's own configuration sets them.
+    downloads and file formats are left out so that only the client's own configuration sets them. ``sample``:
+    what one sample is (:func:`fedcore.data.sample_shape`; a function is given the options with the builder's
+    keyword defaults filled in).
 
     The builder receives ``max_samples`` so that it can avoid decoding what will not be used (CIFAR JPEGs);
     a builder that ignores it gets the pool subsampled afterwards by :func:`subsample_pool`.
@@ -172,6 +182,8 @@ def federated_dataset(name: str, dataset_options: Collection[str], default_parti
             raise ValueError(f"dataset {name!r}: remote options {sorted(unknown)} are not dataset options")
         register_dataset(name, frozenset(remote_options) | SHARD_OPTION_NAMES,
                          check=functools.partial(check_shard_options, name))(loader)
+        if sample is not None:
+            declare_sample(name, sample, keyword_defaults(builder))
         _POOLS[name] = _Entry(builder, frozenset(dataset_options), default_partition)
         return builder
 

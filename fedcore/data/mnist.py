@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedcore.data.base import DataError
+from fedcore.data.base import DataError, SampleShape
 from fedcore.data.loaders import Pool, SplitArrays, federated_dataset, images_to_tensor, pool_features, pool_labels
 from fedcore.data.paths import download_root, find_dataset_dir
 
@@ -86,8 +86,11 @@ def mnist_to_tensor(x: np.ndarray) -> torch.Tensor:
     return images_to_tensor(x)
 
 
+MNIST_SAMPLE = SampleShape((1, 28, 28), "float32", 10)
+
+
 @federated_dataset("mnist", dataset_options=("data_dir", "download", "pool"), default_partition="iid",
-                   remote_options=("pool",))
+                   remote_options=("pool",), sample=MNIST_SAMPLE)
 def mnist_pool(seed: int, max_samples: int | None = None, data_dir: str | None = None, download: bool = False,
                pool: str = "all") -> Pool:
     """MNIST (10 classes, [N, 1, 28, 28] float32 in [0, 1]); options ``data_dir``, ``download``, ``pool``."""

@@ -22,13 +22,15 @@ import csv
 import functools
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from fedcore.data.base import DataError
+from fedcore.data.base import DataError, SampleShape, size_option
 from fedcore.data.loaders import Pool, federated_dataset, readonly
 from fedcore.data.paths import candidate_roots, missing_message
 
@@ -146,8 +148,13 @@ def windows_to_tensor(codes: np.ndarray, starts: np.ndarray, seq_len: int = SEQ_
     return torch.from_numpy(codes[idx].astype(np.int64))
 
 
+def shakespeare_sample(options: Mapping[str, Any]) -> SampleShape:
+    """One window of ``seq_len`` symbol indices; the label is one of the 80 symbols."""
+    return SampleShape((size_option(options["seq_len"]),), "int64", VOCAB_SIZE)
+
+
 @federated_dataset("shakespeare", dataset_options=("data_dir", "seq_len"), default_partition="natural",
-                   remote_options=("seq_len",))
+                   remote_options=("seq_len",), sample=shakespeare_sample)
 def shakespeare_pool(seed: int, max_samples: int | None = None, data_dir: str | None = None,
                      seq_len: int = SEQ_LEN) -> Pool:
     """Shakespeare by role (80 classes; x int64 [N, seq_len]); options ``data_dir``, ``seq_len``."""

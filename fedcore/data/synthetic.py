@@ -23,15 +23,23 @@ only), which no single model can fit -- the setting personalization is for (the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import torch
 
-from fedcore.data.base import ClientData, DataError, register_dataset, split_train_test
+from fedcore.data.base import ClientData, DataError, SampleShape, register_dataset, size_option, split_train_test
+
+
+def synthetic_sample(options: Mapping[str, Any]) -> SampleShape:
+    """``num_features`` float32 features, ``num_classes`` classes."""
+    return SampleShape((size_option(options["num_features"]),), "float32", size_option(options["num_classes"]))
 
 
 @register_dataset("synthetic", remote_options=(
     "alpha", "beta", "iid", "num_features", "num_classes", "mean_log_size", "sigma_log_size", "min_samples",
-    "max_samples", "test_fraction", "shared", "feature_shift"))
+    "max_samples", "test_fraction", "shared", "feature_shift"), sample=synthetic_sample)
 def synthetic_shard(client_index: int, seed: int, alpha: float = 0.5, beta: float = 0.5, iid: bool = False,
                     num_features: int = 60, num_classes: int = 10, mean_log_size: float = 4.0,
                     sigma_log_size: float = 1.0, min_samples: int = 50, max_samples: int = 1000,

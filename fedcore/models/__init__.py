@@ -13,20 +13,22 @@ from fedcore.errors import ConfigError
 from fedcore.models.registry import MODELS as MODELS
 from fedcore.models.registry import MODELS as _REGISTRY
 from fedcore.models.registry import (
+    InputShape,
     ModelError,
     ModelFactory,
+    ModelInput,
     available_models,
     check_model_kwargs,
     is_registered_model,
+    model_input,
     register_model,
 )
 from fedcore.seeds import GLOBAL_RNG_LOCK, seeded_global_rng
 from fedcore.serialization import TensorMeta, fingerprint, manifest_of
 
-__all__ = ["MODELS", "ModelError", "ModelFactory", "available_models", "build_model", "check_model_kwargs",
-           "is_registered_model", "load_weights", "model_fingerprint",
-           "model_manifest", "register_model",
-           "resolve_factory"]
+__all__ = ["MODELS", "InputShape", "ModelError", "ModelFactory", "ModelInput", "available_models", "build_model",
+           "check_model_kwargs", "is_registered_model", "load_weights", "model_fingerprint", "model_input",
+           "model_manifest", "register_model", "resolve_factory"]
 
 
 def resolve_factory(name: str) -> ModelFactory:
@@ -110,7 +112,7 @@ def model_fingerprint(model: nn.Module) -> str:
     return fingerprint(model_manifest(model))
 
 
-@register_model("mlp")
+@register_model("mlp", takes=ModelInput(("in_features",), flat=True))
 def mlp(in_features: int = 60, num_classes: int = 10, hidden: tuple[int, ...] | list[int] = (64,)) -> nn.Module:
     """A plain multi-layer perceptron: Linear+ReLU per hidden width, then a linear classifier."""
     layers: list[nn.Module] = [nn.Flatten()]
@@ -122,7 +124,7 @@ def mlp(in_features: int = 60, num_classes: int = 10, hidden: tuple[int, ...] | 
     return nn.Sequential(*layers)
 
 
-@register_model("logreg")
+@register_model("logreg", takes=ModelInput(("in_features",), flat=True))
 def logreg(in_features: int = 60, num_classes: int = 10) -> nn.Module:
     """Multinomial logistic regression (the FedProx synthetic-task model)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))

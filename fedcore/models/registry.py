@@ -6,6 +6,11 @@ A model's options are its factory's keyword arguments (``model.kwargs`` in the c
 its annotation as the type, its default as the default), registered with it, so ``model.kwargs`` is checked through
 :meth:`fedcore.registry.Registry.parse_options` (an unknown keyword or a wrong type names ``model.kwargs.<name>``)
 before the model is built.
+
+A model may also declare what it takes (:class:`ModelInput`: the shape of one sample, each size a number or the
+keyword that sets it, the dtype, the keyword that sets its number of classes), so that a configuration naming a
+model that cannot take the dataset's samples is refused from the declarations alone, before any data is read or
+any model built (:func:`model_input`, :mod:`fedcore.preflight`).
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ import collections.abc
 import copy
 import dataclasses
 import inspect
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -31,6 +38,90 @@ class ModelError(ValueError):
 
 
 MODELS: Registry[ModelFactory] = Registry("model", ModelError)
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """What a registered model takes, declared at registration (``register_model(name, takes=...)``).
+
+    ``shape``: one sample without the batch dimension, each size an int or the name of the factory keyword that
+    sets it (``("in_channels", "image_size", "image_size")``), read with the keyword's default unless
+    ``model.kwargs`` sets it. ``dtype``: ``"float32"`` or ``"int64"`` (symbol indices). ``flat``: the model
+    flattens its input first, so any sample with as many values fits. ``num_classes``: the keyword that sets the
+    number of scores it answers with (or that number; None: not declared)."""
+
+    shape: tuple[int | str, ...]
+    dtype: str = "float32"
+    flat: bool = False
+    num_classes: int | str | None = "num_classes"
+
+
+@dataclass(frozen=True)
+class InputShape:
+    """A model's declared input under given keyword arguments (:func:`model_input`): sizes resolved, plus the
+    keywords that set them (``set_by``, in order) and the declaration itself (for a hint of what to set)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    flat: bool
+    num_classes: int | None
+    set_by: tuple[str, ...]
+    declared: ModelInput
+    arguments: Mapping[str, Any]
+
+    @property
+    def size(self) -> int:
+        """The number of values in one sample."""
+        return math.prod(self.shape)
+
+    def describe(self) -> str:
+        """``[60] float32 (flattened: any shape of 60 values; set by model.kwargs.in_features)``."""
+        notes = [f"flattened: any shape of {self.size} values"] if self.flat else []
+        if self.set_by:
+            notes.append("set by " + ", ".join(f"model.kwargs.{k}" for k in self.set_by))
+        return f"{list(self.shape)} {self.dtype}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+# name -> (the factory the declaration was registered with, the declaration); a name registered again without
+# one, or re-registered with another factory, declares nothing
+_INPUTS: dict[str, tuple[ModelFactory, ModelInput]] = {}
+
+
+def _size(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def model_input(name: str, kwargs: Mapping[str, Any] | None = None) -> InputShape | None:
+    """What registered model ``name`` takes under ``kwargs``, from its declaration alone (nothing is built): None
+    for an import path, a model that declares nothing, or keyword arguments its factory would not take or that do
+    not give whole sizes (building it will say why)."""
+    if ":" in name or name not in MODELS:
+        return None
+    factory = MODELS.get(name)
+    entry = _INPUTS.get(name)
+    if entry is None or entry[0] is not factory:
+        return None
+    declared = entry[1]
+    try:
+        bound = inspect.signature(factory).bind(**dict(kwargs or {}))
+    except (TypeError, ValueError):
+        return None
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    shape: list[int] = []
+    set_by: list[str] = []
+    for dim in declared.shape:
+        size = _size(arguments.get(dim)) if isinstance(dim, str) else _size(dim)
+        if size is None:
+            return None
+        shape.append(size)
+        if isinstance(dim, str) and dim not in set_by:
+            set_by.append(dim)
+    classes = declared.num_classes
+    num_classes = _size(arguments.get(classes) if isinstance(classes, str) else classes)
+    if classes is not None and num_classes is None:
+        return None
+    return InputShape(tuple(shape), declared.dtype, declared.flat, num_classes, tuple(set_by), declared, arguments)
 
 
 def _field_type(tp: Any) -> Any:
@@ -96,12 +187,18 @@ def _first_sentence(factory: Callable[..., Any], limit: int = 84) -> str:
     return sentence
 
 
-def register_model(name: str, *, summary: str = "") -> Callable[[ModelFactory], ModelFactory]:
-    """Register ``factory`` as model ``name`` with the options dataclass of its keyword arguments."""
+def register_model(name: str, *, summary: str = "",
+                   takes: ModelInput | None = None) -> Callable[[ModelFactory], ModelFactory]:
+    """Register ``factory`` as model ``name`` with the options dataclass of its keyword arguments; ``takes``
+    declares what it takes (:class:`ModelInput`; without it a preflight runs the model on one sample)."""
 
     def deco(factory: ModelFactory) -> ModelFactory:
         MODELS.add(name, factory, options=options_of_factory(name, factory),
                    summary=summary or _first_sentence(factory))
+        if takes is not None:
+            _INPUTS[name] = (factory, takes)
+        else:
+            _INPUTS.pop(name, None)
         return factory
 
     return deco

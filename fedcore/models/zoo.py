@@ -25,7 +25,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedcore.models.registry import register_model
+from fedcore.models.registry import ModelInput, register_model
+
+# What the models take (ModelInput): a sample of in_channels x image_size x image_size (LINDT's CIFAR CNN, VGG,
+# ResNet, the MNIST and HYDRA-FL CNNs), in_channels x window (HAR), seq_len symbol indices (the LSTM), or
+# in_features values; each BlockModel states the same shape as its ``input_shape``.
+_IMAGE = ModelInput(("in_channels", "image_size", "image_size"))
 
 
 class BlockModel(nn.Module):
@@ -121,7 +126,7 @@ def _conv_out(size: int, k: int, padding: int = 0) -> int:
 
 # ---- CIFAR / LINDT ----
 
-@register_model("cifar_cnn")
+@register_model("cifar_cnn", takes=_IMAGE)
 def cifar_cnn(num_classes: int = 10, in_channels: int = 3, image_size: int = 32, dropout: float = 0.5) -> BlockModel:
     """conv 3->32 5x5, ReLU, pool; conv 32->64 5x5, ReLU, pool; fc 1600->512, ReLU; fc 512->128, ReLU; fc 128->C.
 
@@ -141,7 +146,7 @@ def cifar_cnn(num_classes: int = 10, in_channels: int = 3, image_size: int = 32,
     ], (in_channels, image_size, image_size))
 
 
-@register_model("char_lstm")
+@register_model("char_lstm", takes=ModelInput(("seq_len",), "int64"))
 def char_lstm(num_classes: int = 80, vocab_size: int = 80, embed_dim: int = 8, hidden: int = 256,
               num_lstm_layers: int = 2, seq_len: int = 80, dropout: float = 0.2) -> BlockModel:
     """Embedding 80->8, 2 stacked LSTM layers of 256, linear 256->80 on the last step: 819,920 parameters.
@@ -161,7 +166,7 @@ def char_lstm(num_classes: int = 80, vocab_size: int = 80, embed_dim: int = 8, h
 _VGG11: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 
-@register_model("vgg11_bn")
+@register_model("vgg11_bn", takes=_IMAGE)
 def vgg11_bn(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> BlockModel:
     """VGG-11 (configuration A) with BatchNorm after every conv; head = global average pool + linear 512->C.
 
@@ -203,7 +208,7 @@ class BasicBlock(nn.Module):
         return self.relu(out + self.shortcut(x))  # type: ignore[no-any-return]
 
 
-@register_model("resnet18_cifar")
+@register_model("resnet18_cifar", takes=_IMAGE)
 def resnet18_cifar(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> BlockModel:
     """ResNet-18 for 32x32 inputs: 3x3 stem conv 64 + BN + ReLU (no max-pool), 4 stages of 2 basic blocks
     (64, 128, 256, 512; stride 2 from stage 2), global average pool, linear 512->C. One block per basic block."""
@@ -219,7 +224,7 @@ def resnet18_cifar(num_classes: int = 10, in_channels: int = 3, image_size: int 
 
 # ---- HAR ----
 
-@register_model("har_cnn")
+@register_model("har_cnn", takes=ModelInput(("in_channels", "window")))
 def har_cnn(num_classes: int = 6, in_channels: int = 6, window: int = 128,
             channels: Sequence[int] = (32, 64, 128), kernel_size: int = 5) -> BlockModel:
     """1-D CNN over [B, 6, 128] windows: BatchNorm of the raw 6 channels, then per stage conv1d + BN + ReLU +
@@ -236,7 +241,7 @@ def har_cnn(num_classes: int = 6, in_channels: int = 6, window: int = 128,
     return BlockModel(blocks, (in_channels, window))
 
 
-@register_model("mlp_bn")
+@register_model("mlp_bn", takes=ModelInput(("in_features",)))
 def mlp_bn(in_features: int = 60, num_classes: int = 10, hidden: Sequence[int] = (64,)) -> BlockModel:
     """:func:`fedcore.models.mlp` with BatchNorm: per hidden width a block Linear (no bias) + BatchNorm1d + ReLU,
     then a linear classifier; for DistFL on flat features (the offline ``synthetic`` dataset)."""
@@ -251,7 +256,7 @@ def mlp_bn(in_features: int = 60, num_classes: int = 10, hidden: Sequence[int] =
 
 # ---- MNIST ----
 
-@register_model("mnist_mlp")
+@register_model("mnist_mlp", takes=ModelInput(("in_channels", "image_size", "image_size"), flat=True))
 def mnist_mlp(num_classes: int = 10, in_features: int = 784, hidden: Sequence[int] = (200, 200),
               in_channels: int = 1, image_size: int = 28) -> BlockModel:
     """McMahan et al.'s 2NN: flatten, fc 784->200, ReLU, fc 200->200, ReLU, fc 200->C (199,210 parameters)."""
@@ -279,14 +284,14 @@ def _mnist_cnn(num_classes: int, in_channels: int, image_size: int, channels: Se
     ], (in_channels, image_size, image_size))
 
 
-@register_model("mnist_cnn")
+@register_model("mnist_cnn", takes=_IMAGE)
 def mnist_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 28,
               channels: Sequence[int] = (16, 32), hidden: int = 128) -> BlockModel:
     """Small CNN: conv 1->16 5x5 pad 2, ReLU, pool; conv 16->32 5x5 pad 2, ReLU, pool; fc 1568->128, ReLU; fc 128->C."""
     return _mnist_cnn(num_classes, in_channels, image_size, channels, hidden, bn=False)
 
 
-@register_model("mnist_cnn_bn")
+@register_model("mnist_cnn_bn", takes=_IMAGE)
 def mnist_cnn_bn(num_classes: int = 10, in_channels: int = 1, image_size: int = 28,
                  channels: Sequence[int] = (16, 32), hidden: int = 128) -> BlockModel:
     """:func:`mnist_cnn` with BatchNorm after each conv (bias-free convs), for DistFL on MNIST."""
@@ -419,7 +424,7 @@ def _ntd_cnn(num_classes: int, in_channels: int, image_size: int, heads: bool) -
     return _hydra(blocks, (in_channels, image_size, image_size), 512, heads, (0, 1), 512, num_classes)
 
 
-@register_model("hydra_ntd_cnn")
+@register_model("hydra_ntd_cnn", takes=_IMAGE)
 def hydra_ntd_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 28, heads: bool = True) -> HydraModel:
     """FedNTD's CNN (McMahan et al.'s MNIST CNN; HYDRA-FL §4.2, App. D) with HYDRA-FL's shallow heads.
 
@@ -433,13 +438,13 @@ def hydra_ntd_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int =
     return _ntd_cnn(num_classes, in_channels, image_size, heads)
 
 
-@register_model("fedntd_cnn")
+@register_model("fedntd_cnn", takes=_IMAGE)
 def fedntd_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> HydraModel:
     """FedNTD's plain CNN: :func:`hydra_ntd_cnn` without heads (MNIST 1,663,370, CIFAR 2,156,490 parameters)."""
     return _ntd_cnn(num_classes, in_channels, image_size, heads=False)
 
 
-@register_model("moon_cnn")
+@register_model("moon_cnn", takes=_IMAGE)
 def moon_cnn(num_classes: int = 10, in_channels: int = 1, image_size: int = 28, heads: bool = True,
              projection_size: int = 256) -> HydraModel:
     """MOON's CNN (MOON's CIFAR-10 base encoder + projection head; HYDRA-FL App. D) with HYDRA-FL's shallow heads.
