@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fedcore.adaptive_clip import AdaptiveClipConfig
 from fedcore.aggregation import AggregationConfig, build_rule, check_memory
 from fedcore.aggregation.config import LEGACY_RULE_OPTIONS
 from fedcore.attacks import AttackConfig
@@ -30,7 +31,9 @@ from fedcore.models import check_model_kwargs
 from fedcore.nfl.config import LEGACY_DETECTOR_OPTIONS, NflConfig, fitted
 from fedcore.options import from_dict as from_dict  # re-exported
 from fedcore.options import to_dict as to_dict  # re-exported
+from fedcore.pipeline_config import PipelineConfig
 from fedcore.privacy import DpConfig
+from fedcore.server_opt.config import ServerOptimizerConfig
 from fedcore.simulation import SimulationConfig
 from fedcore.train.trainers import TRAINERS, make_trainer
 from fedcore.training_config import TrainingConfig as TrainingConfig  # re-exported
@@ -241,6 +244,13 @@ class ServerConfig:
     dp: DpConfig = field(default_factory=DpConfig)
     # SIMULATION ONLY: the server-side full-knowledge adversary (fedcore.attacks.harness); refused with TLS/mTLS.
     simulation_harness: SimulationHarnessConfig = field(default_factory=SimulationHarnessConfig)
+    # The server optimizer applied to every round's aggregate (fedcore.server_opt): FedAvgM, FedAdam, FedYogi,
+    # FedAdagrad. Unset: none (the new global model is the aggregate, plain FedAvg).
+    server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    # Server stages added to the round's close after the built-in ones (fedserver.pipeline; docs/extending.md).
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    # Adaptive clipping for server-side DP (fedcore.adaptive_clip, docs/privacy.md): off unless enabled.
+    adaptive_clip: AdaptiveClipConfig = field(default_factory=AdaptiveClipConfig)
 
     def validate(self) -> ServerConfig:
         validate_server_config(self)
@@ -410,6 +420,12 @@ def validate_server_config(c: ServerConfig) -> None:
         raise _aggregation_error(e) from None
     c.nfl.validate("nfl")
     c.distfl.validate("distfl")
+    c.server_optimizer.validate("server_optimizer")
+    require(not (c.server_optimizer.enabled and c.distfl.enabled), "server_optimizer.name",
+            "a server optimizer keeps one state for the global model; DistFL aggregates a model per cluster "
+            "(distfl.enabled): use one or the other")
+    c.pipeline.validate("pipeline")
+    c.adaptive_clip.validate_for(c.aggregation, r.clients_per_round, c.distfl.enabled)
     _validate_dp(c)
     require(c.recovery.method in TRAINERS, "recovery.method",
             f"unknown method {c.recovery.method!r}; known: {', '.join(TRAINERS.names())}")
@@ -450,7 +466,7 @@ def _validate_dp(c: ServerConfig) -> None:
     if c.dp.max_epsilon is None:
         return
     require(c.dp.accounting, "dp.max_epsilon", "a budget needs dp.accounting = true")
-    reason = not_accounted(c.aggregation, c.distfl.enabled)
+    reason = not_accounted(c.aggregation, c.distfl.enabled, c.adaptive_clip)
     require(reason is None, "dp.max_epsilon", f"no epsilon is computed for this configuration: {reason}")
     require(importlib.util.find_spec("opacus") is not None, "dp.max_epsilon",
             f"the budget needs the privacy accountant: {INSTALL_HINT}")

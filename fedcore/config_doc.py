@@ -176,6 +176,7 @@ PLUGIN_SLOTS = {
     "DATASETS": ("Datasets", "`data.dataset`, a client's `dataset`"),
     "MODELS": ("Models", "`model.name`; its options are its factory's keyword arguments, in `model.kwargs` (a "
                          "model given as an import path `pkg.mod:factory` takes its factory's own)"),
+    "SERVER_OPTIMIZERS": ("Server optimizers", "`server_optimizer.name`; its options go in `server_optimizer.options`"),
 }
 
 

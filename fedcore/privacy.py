@@ -19,6 +19,14 @@ at Opacus' own RDP orders, converted to (ε, δ) by Opacus' ``get_privacy_spent`
 vector: :func:`init` / :func:`update` are pure, so the server saves it with each round's snapshot and a resumed
 server carries on from it.
 
+Adaptive clipping (``[adaptive_clip]``, :mod:`fedcore.adaptive_clip`; Andrew et al., NeurIPS 2021): round r clips to
+its own ``C_r``, adds ``N(0, σ_r² I)`` with ``σ_r = z_Δ · C_r · s_r`` and releases the count of unclipped updates with
+``N(0, σ_b²)``. The pair is charged as ONE sampled Gaussian mechanism with noise multiplier
+``z = (z_Δ^{-2} + (2σ_b)^{-2})^{-1/2}`` (``adaptive_clip.noise_multiplier``; their Theorem 1): the count is taken as
+``Σ_i (b_i − ½) + m_r/2`` with the divisor ``m_r`` public (sensitivity ½), and ``C_r`` is a function of the earlier
+rounds' releases, which RDP composition allows (adaptive composition). :func:`round_mechanism` checks that the round's
+metrics (``clip_norm``, ``noise_sigma``, ``max_weight_share``) give back ``z_Δ`` before charging ``z``.
+
 Caveats, also stated in docs/privacy.md: Opacus' analysis assumes Poisson sampling and treats the divisor as
 public, while fedguard samples a fixed number of clients uniformly and divides by the number that answered
 (``accepted``, reported in every round); the weight share of a weighted average depends on the clients' sample
@@ -37,6 +45,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedcore.adaptive_clip import AdaptiveClipConfig, update_noise_multiplier
 from fedcore.aggregation import AggregationConfig
 
 # Opacus' RDPAccountant.DEFAULT_ALPHAS (opacus/accountants/rdp.py): the Rényi orders epsilon is minimised over.
@@ -89,11 +98,15 @@ class RoundMechanism:
     sample_rate: float
 
 
-def not_accounted(agg: AggregationConfig, distfl: bool = False) -> str | None:
-    """Why rounds under ``agg`` get no (ε, δ) (None: they do)."""
-    if agg.noise_sigma <= 0.0:
+def not_accounted(agg: AggregationConfig, distfl: bool = False,
+                  adaptive: AdaptiveClipConfig | None = None) -> str | None:
+    """Why rounds under ``agg`` (and ``adaptive``, when enabled) get no (ε, δ) (None: they do)."""
+    if adaptive is not None and adaptive.enabled:
+        if adaptive.noise_multiplier <= 0.0:
+            return "no DP noise (adaptive_clip.noise_multiplier = 0)"
+    elif agg.noise_sigma <= 0.0:
         return "no DP noise (aggregation.noise_sigma = 0)"
-    if agg.clip_norm is None:
+    elif agg.clip_norm is None:
         return ("updates are not clipped (aggregation.clip_norm unset): the sensitivity is unbounded, so the noise "
                 "gives no (epsilon, delta) guarantee")
     if agg.rule not in AVERAGING_RULES:
@@ -114,11 +127,22 @@ def population_of(dp: DpConfig, data_options: Mapping[str, Any]) -> int:
 
 
 def round_mechanism(agg: AggregationConfig, metrics: Mapping[str, float], selected: int,
-                    population: int) -> RoundMechanism:
+                    population: int, adaptive: AdaptiveClipConfig | None = None) -> RoundMechanism:
     """The round's (z, q) from its aggregation metrics: ``max_weight_share`` s_r (or ``1/num_updates`` for a plain
-    mean that does not report it), ``z = σ / (S s_r)``; ``q = selected / population`` (1 when unknown)."""
+    mean that does not report it), ``z = σ / (S s_r)``; ``q = selected / population`` (1 when unknown).
+
+    With ``adaptive`` enabled (its ``count_noise_std`` resolved, :func:`fedcore.adaptive_clip.resolved`), ``z`` is
+    ``adaptive.noise_multiplier``, the update and the count together, after checking that the round's
+    ``noise_sigma / (clip_norm · s_r)`` is the update's share ``z_Δ`` of it (ValueError otherwise)."""
+    if adaptive is not None and adaptive.enabled:
+        return _adaptive_mechanism(adaptive, metrics, selected, population)
     if agg.clip_norm is None or agg.noise_sigma <= 0.0:
         raise ValueError("round_mechanism: needs aggregation.clip_norm and aggregation.noise_sigma > 0")
+    share = _share(agg, metrics)
+    return RoundMechanism(agg.noise_sigma / (agg.clip_norm * share), _sample_rate(selected, population))
+
+
+def _share(agg: AggregationConfig, metrics: Mapping[str, float]) -> float:
     share = metrics.get("max_weight_share")
     if share is None:
         n = metrics.get("num_updates", 0.0)
@@ -127,8 +151,34 @@ def round_mechanism(agg: AggregationConfig, metrics: Mapping[str, float], select
         share = 1.0 / n
     if not (0.0 < share <= 1.0):
         raise ValueError(f"round_mechanism: max_weight_share must be in (0, 1], got {share}")
-    q = min(1.0, selected / population) if population > 0 and selected > 0 else 1.0
-    return RoundMechanism(agg.noise_sigma / (agg.clip_norm * share), q)
+    return share
+
+
+def _sample_rate(selected: int, population: int) -> float:
+    return min(1.0, selected / population) if population > 0 and selected > 0 else 1.0
+
+
+# How far the round's noise_sigma / (clip_norm * share) may be from z_D: a few float roundings.
+ADAPTIVE_RTOL = 1e-9
+
+
+def _adaptive_mechanism(adaptive: AdaptiveClipConfig, metrics: Mapping[str, float], selected: int,
+                        population: int) -> RoundMechanism:
+    z = adaptive.noise_multiplier
+    if z <= 0.0 or adaptive.count_noise_std is None:
+        raise ValueError("round_mechanism: needs adaptive_clip.noise_multiplier > 0 and a resolved count_noise_std")
+    clip, sigma, share = metrics.get("clip_norm"), metrics.get("noise_sigma"), metrics.get("max_weight_share")
+    if clip is None or sigma is None or share is None:
+        raise ValueError("round_mechanism: an adaptive-clipping round's metrics must hold clip_norm, noise_sigma and "
+                         "max_weight_share")
+    if not (0.0 < share <= 1.0 and math.isfinite(clip) and clip > 0.0):
+        raise ValueError(f"round_mechanism: bad clip_norm {clip} or max_weight_share {share}")
+    z_update = update_noise_multiplier(z, adaptive.count_noise_std)
+    seen = sigma / (clip * share)
+    if not math.isclose(seen, z_update, rel_tol=ADAPTIVE_RTOL):
+        raise ValueError(f"round_mechanism: the round's update noise multiplier noise_sigma / (clip_norm * "
+                         f"max_weight_share) = {seen:.12g} is not z_D = {z_update:.12g}")
+    return RoundMechanism(z, _sample_rate(selected, population))
 
 
 # ---- the accountant: pure init/update over the cumulative RDP vector ----

@@ -12,7 +12,8 @@ with the parts that do not apply left out:
 - its private model: ``derive_seed(seed, client_id, PRIVATE)``, from which
   :func:`fedcore.metrics.train_private_model` derives ``PRIVATE_INIT``, ``PRIVATE_BATCHES`` and
   ``PRIVATE_DROPOUT``;
-- the server's aggregation noise in round r: ``derive_seed(seed, r, "aggregation_noise")``.
+- the server's aggregation noise in round r: ``derive_seed(seed, r, "aggregation_noise")``;
+- adaptive clipping's count noise in round r: ``derive_seed(seed, r, "adaptive_clip_count")``.
 
 :func:`derive_seed` hashes a canonical, typed encoding of the parts with BLAKE2b (never Python's ``hash()``, which
 is salted per process), so a seed is the same in every process, thread, platform and Python version, and two

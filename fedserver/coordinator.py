@@ -9,12 +9,12 @@
 - :mod:`fedserver.round_log`, :mod:`fedserver.final_models`: what the server logs and writes at the end.
 
 The coordinator turns the parts' calls into observations for :func:`fedcore.rounds.step` and acts on the events
-that come back; it calls no server feature by name. Features register with the round closer instead: *stages*
-complete the typed :class:`~fedcore.report.RoundReport` before it is persisted (DistFL's cluster sizes, the NFL
-monitor, the DP accountant: their state is saved with the round that moved it), *subscribers* read it afterwards
-(the history, the ``round.completed`` line, the ``rounds.jsonl`` writer, an app's callback). Everything runs on one
-asyncio event loop; aggregation, evaluation and snapshots run in worker threads so heartbeats and polls keep being
-answered meanwhile.
+that come back; it calls no server feature by name. What a round's close does -- a server optimizer on the aggregate,
+DistFL's cluster sizes, the NFL monitor and the DP accountant completing the typed
+:class:`~fedcore.report.RoundReport` before it is persisted, the history, the ``round.completed`` line and the
+``rounds.jsonl`` writer reading it afterwards -- is the pipeline's (:mod:`fedserver.pipeline`), composed in one
+place from registered stages. Everything runs on one asyncio event loop; aggregation, evaluation and snapshots run
+in worker threads so heartbeats and polls keep being answered meanwhile.
 """
 
 from __future__ import annotations
@@ -42,12 +42,10 @@ from fedcore.models import build_model
 from fedcore.report import DistflStatus, FederationStatus, RoundReport
 from fedcore.serialization import TensorMeta
 from fedcore.train import resolve_device
-from fedserver.clusters import SLOT as DISTFL_SLOT
 from fedserver.clusters import ClusterShell
 from fedserver.clusters import check_model as check_distfl_model
 from fedserver.dispatch import Task, TaskDispatcher
 from fedserver.dp_monitor import OUTCOME as DP_BUDGET
-from fedserver.dp_monitor import SLOT as DP_SLOT
 from fedserver.dp_monitor import DpMonitor
 from fedserver.errors import EXIT_STALLED, ProtocolError
 from fedserver.final_models import write_final_models
@@ -56,13 +54,13 @@ from fedserver.global_models import GlobalModels
 from fedserver.harness import AdversaryHarness
 from fedserver.intake import UpdateIntake
 from fedserver.membership import Membership
-from fedserver.nfl_monitor import SLOT as NFL_SLOT
 from fedserver.nfl_monitor import NflMonitor
 from fedserver.offload import Offload
-from fedserver.persistence import Persistence, StoreOpener, open_store, write_round
+from fedserver.persistence import Persistence, StoreOpener, open_store
+from fedserver.pipeline import ServerParts, compose
 from fedserver.polls import LongPolls
 from fedserver.round_close import RoundCloser, RoundSubscriber
-from fedserver.round_log import RoundCompletedLine, WaitingLine, log_event
+from fedserver.round_log import WaitingLine, log_event
 from fedserver.round_timing import RoundTimer
 from fedserver.sessions import Sessions
 from fedserver.uploads import UploadGate
@@ -127,30 +125,22 @@ class Coordinator:
         self.timing = RoundTimer()
         self.polls = LongPolls(config.server, self.members, self.dispatch, state, self.observe, stopping, clock,
                                self.timing)
+        self.persistence = Persistence(config, self.models, opener)
+        self.dp = DpMonitor(config)
+        # What a round's close does, composed in one place (fedserver.pipeline): the stages' hooks and their state.
+        self.pipeline = compose(ServerParts(config, self.models, self.nfl, self.dp, self.clusters, self.history,
+                                            self.persistence, self.timing, self.run_dir, self.log))
         self.intake = UpdateIntake(config, self.models, state, self.observe, clock, self.dispatch.model_id_for,
-                                   self.clusters.make_buffer if self.clusters.enabled else None)
+                                   self.clusters.make_buffer if self.clusters.enabled else None,
+                                   self.pipeline.round_aggregation)
         self.uploads = UploadGate(self.members, self.intake, stopping, self.timing)
         eval_model = model.to(evaluation_device(config)) if config.evaluation.central else None
         offload = Offload()  # the round close's blocking steps: a worker thread, or the loop when short
         finalizer = RoundFinalizer(config, self.models, eval_model, clock, offload)
         harness = AdversaryHarness(config)  # simulation only; does nothing unless turned on
-        self.persistence = Persistence(config, self.models, opener)
-        self.persistence.register_slot(NFL_SLOT, self.nfl.save, self.nfl.load)
-        self.dp = DpMonitor(config)
-        self.persistence.register_slot(DP_SLOT, self.dp.save, self.dp.load)
-        if self.clusters.enabled:
-            self.persistence.register_slot(DISTFL_SLOT, self.clusters.save, self.clusters.load)
         self.closer = RoundCloser(self.intake, self.clusters, harness, finalizer, self.persistence, self.history,
                                   state, lambda: DP_BUDGET if self.dp.stop_required else "", clock, self.log,
-                                  self.timing, offload)
-        # Stages complete the report, in this order, before the round is persisted.
-        self.closer.add_stage(self.clusters.complete)
-        self.closer.add_stage(lambda r: self.nfl.observe(r)[0])  # moves the detector before the snapshot saves it
-        self.closer.add_stage(lambda r: self.dp.observe(r)[0])  # (epsilon, delta) so far
-        # Subscribers read the persisted report, in this order; subscribe() appends after them.
-        self.closer.subscribe(self.history.append)
-        self.closer.subscribe(RoundCompletedLine(self.log, lambda: self.persistence.last_save_seconds))
-        self.closer.subscribe(lambda r: write_round(self.run_dir, self.timing.timed(r)))
+                                  self.pipeline, self.timing, offload)
 
     @property
     def global_state(self) -> Mapping[str, torch.Tensor]:

@@ -6,7 +6,9 @@ cumulative RDP state and returns the report with ``dp_epsilon``, ``dp_delta``, `
 ``dp_sample_rate``; the ``round.completed`` line and ``rounds.jsonl`` carry them. The state is a persistence slot,
 saved with the round that moved it, so a resumed server carries on from it. With ``dp.max_epsilon`` set, the first
 round whose epsilon exceeds it logs ``dp.budget_exceeded``; under ``dp.on_budget = "stop"`` the federation then
-ends after that round (outcome ``dp_budget``), and a restarted server runs no further round.
+ends after that round (outcome ``dp_budget``), and a restarted server runs no further round. With adaptive clipping
+(``[adaptive_clip]``) every round is charged the combined mechanism of the update and the count, multiplier
+``adaptive_clip.noise_multiplier`` (:func:`fedcore.privacy.round_mechanism`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 from typing import Any
 
 from fedcore import privacy
+from fedcore.adaptive_clip import AdaptiveClipConfig, resolved
 from fedcore.config import ServerConfig, effective_aggregation
 from fedcore.log import get_logger
 from fedcore.report import RoundReport
@@ -28,19 +31,33 @@ class DpMonitor:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config.dp
         self.aggregation = effective_aggregation(config)
+        # Adaptive clipping, its count noise resolved (None: fixed clipping as in [aggregation]).
+        self.adaptive: AdaptiveClipConfig | None = (resolved(config.adaptive_clip, config.rounds.clients_per_round)
+                                                    if config.adaptive_clip.enabled else None)
         self.population = privacy.population_of(config.dp, config.data.options)
         self.state = privacy.init()
         self.epsilon = 0.0
         self.exceeded_round = 0
         self.log = get_logger("fedserver")
-        reason = privacy.not_accounted(self.aggregation, config.distfl.enabled)
+        reason = privacy.not_accounted(self.aggregation, config.distfl.enabled, self.adaptive)
         if reason is None and not self.config.accounting:
             reason = "dp.accounting = false"
         if reason is None and not privacy.available():
             reason = f"the privacy accountant is not installed: {privacy.INSTALL_HINT}"
         self.reason = reason
-        agg = self.aggregation
-        if agg.noise_sigma > 0 and reason is not None:
+        agg, ad = self.aggregation, self.adaptive
+        if ad is not None:
+            if ad.noise_multiplier > 0 and reason is not None:
+                self.log.warning("dp.not_accounted", noise_multiplier=ad.noise_multiplier, reason=reason)
+            elif reason is None:
+                self.log.info("dp.accounting", mechanism="user-level, server-side, adaptive clipping (Andrew et al. "
+                              "2021): clip each update to the round's C, average, add N(0, (z_D C s)^2 I); release "
+                              "the unclipped count with N(0, sigma_b^2); charged as one Gaussian mechanism of "
+                              "multiplier z", noise_multiplier=ad.noise_multiplier,
+                              count_noise_std=ad.count_noise_std, weighted=agg.weighted,
+                              population=self.population or "unknown (q = 1)", delta=self.config.delta,
+                              max_epsilon=self.config.max_epsilon, on_budget=self.config.on_budget)
+        elif agg.noise_sigma > 0 and reason is not None:
             # DP noise without a stated budget: say so once at start (no epsilon in the rounds).
             self.log.warning("dp.not_accounted", noise_sigma=agg.noise_sigma, clip_norm=agg.clip_norm, reason=reason)
         elif reason is None:
@@ -64,7 +81,8 @@ class DpMonitor:
         if not self.enabled:
             return report, False
         try:
-            mech = privacy.round_mechanism(self.aggregation, report.metrics, report.selected, self.population)
+            mech = privacy.round_mechanism(self.aggregation, report.metrics, report.selected, self.population,
+                                           self.adaptive)
         except ValueError as e:  # a round whose sensitivity is unknown: no guarantee from here on (epsilon = inf)
             self.log.error("dp.round_not_accounted", round=report.round, reason=str(e),
                            consequence="epsilon is infinite from this round on")

@@ -24,6 +24,7 @@ class GlobalModels:
         self.fingerprint = fingerprint(self.manifest)
         self.float_names = [k for k, v in state.items() if v.is_floating_point()]
         self._float_names = tuple(self.float_names)
+        self._float_set = frozenset(self.float_names)
         self.num_params = sum(state[k].numel() for k in self.float_names)
         self._models: dict[str, dict[str, torch.Tensor]] = {GLOBAL: state}
         # Each model's floating-point tensors as one [P] float32 vector, kept while the model's state dict is the
@@ -115,6 +116,24 @@ class GlobalModels:
             new[name] = flat[offset : offset + n].reshape(t.shape).to(t.dtype)
             offset += n
         return new
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A ``[P]`` vector as the floating-point tensors by name, in the manifest's shapes: views of ``flat``
+        (its dtype, no copy)."""
+        out: dict[str, torch.Tensor] = {}
+        offset = 0
+        for meta in self.manifest:
+            if meta.name not in self._float_set:
+                continue
+            n = meta.numel
+            out[meta.name] = flat[offset : offset + n].view(tuple(meta.shape))
+            offset += n
+        return out
+
+    def flatten(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """:meth:`unflatten`'s inverse: the floating-point tensors by name as one ``[P]`` float32 vector."""
+        parts = [tensors[k].reshape(-1).to(torch.float32) for k in self.float_names]
+        return torch.cat(parts) if parts else torch.zeros(0)
 
     def apply_flat(self, flat: torch.Tensor, model_id: str = GLOBAL) -> None:
         """Replace model ``model_id``'s floating-point tensors with ``flat`` (the others stay)."""

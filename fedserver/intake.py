@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fedcore import rounds as rm
-from fedcore.aggregation import Aggregator, make_aggregator
+from fedcore.aggregation import AggregationConfig, Aggregator, make_aggregator
 from fedcore.config import ServerConfig, effective_aggregation
 from fedcore.log import get_logger
 from fedcore.nfl import OFF
@@ -26,6 +26,7 @@ from fedcore.update_report import UpdateReport
 from fedserver.clusters import UpdateBuffer
 from fedserver.errors import ProtocolError
 from fedserver.global_models import GlobalModels
+from fedserver.stage import RoundAggregation
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class UpdateIntake:
     def __init__(self, config: ServerConfig, models: GlobalModels, state: Callable[[], rm.RoundState],
                  observe: Callable[[rm.Observation], None], clock: Callable[[], float],
                  model_id_for: Callable[[str], str],
-                 keep_updates: Callable[[Aggregator], UpdateBuffer] | None = None) -> None:
+                 keep_updates: Callable[[Aggregator], UpdateBuffer] | None = None,
+                 round_aggregation: Callable[[AggregationConfig], RoundAggregation] | None = None) -> None:
         self.config = config
         self.models = models
         self._state = state
@@ -66,6 +68,8 @@ class UpdateIntake:
         self._model_id_for = model_id_for
         # DistFL: the round's updates are kept whole (grouped into clusters when the round closes).
         self._keep_updates = keep_updates
+        # How a round opened now aggregates: the pipeline's aggregation stages (adaptive clipping); None: as configured.
+        self._round_aggregation = round_aggregation
         self.aggregator: Aggregator | UpdateBuffer | None = None
         self.round_log: RoundLog | None = None
         self.log = get_logger("fedserver")
@@ -74,9 +78,19 @@ class UpdateIntake:
         """A round (or a new attempt of it) started: a fresh aggregator and log; the start time is kept."""
         started = self.round_log.started_at if self.round_log and self.round_log.round == round_ else now
         self.round_log = RoundLog(round_, started, selected, attempt)
-        agg = make_aggregator(effective_aggregation(self.config), self.models.num_params,
-                              self.config.rounds.clients_per_round)
+        config, noise_multiplier = self.round_aggregation()
+        agg = make_aggregator(config, self.models.num_params, self.config.rounds.clients_per_round,
+                              noise_multiplier=noise_multiplier)
         self.aggregator = agg if self._keep_updates is None else self._keep_updates(agg)
+
+    def round_aggregation(self) -> tuple[AggregationConfig, float | None]:
+        """The aggregation a round opened now runs, and its noise multiplier (None: the noise is ``noise_sigma``):
+        the server's effective ``[aggregation]`` through the pipeline's aggregation stages."""
+        config = effective_aggregation(self.config)
+        if self._round_aggregation is None:
+            return config, None
+        setup = self._round_aggregation(config)
+        return setup.config, setup.noise_multiplier
 
     def take(self) -> tuple[Aggregator | UpdateBuffer, RoundLog]:
         """Hand the closed round's aggregator and log to the finalisation."""

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedcore import jsonio
 from fedcore import rounds as rm
 from fedcore.config import ConfigError, PersistenceConfig, ServerConfig, current_shape, redacted
@@ -50,9 +52,15 @@ RUN_FILES = ("state", "rounds.jsonl", "config.json", "final_model.fgt", "final_m
              "final_clusters")
 # Configuration sections and fields that define the federation: a resumed run must keep them.
 IDENTITY = ("model", "data", "training", "aggregation", "rounds.seed", "rounds.clients_per_round",
-            "rounds.over_select", "nfl.mode", "nfl.detector")
+            "rounds.over_select", "nfl.mode", "nfl.detector", "server_optimizer")
+# What an identity section added later is in a run directory written before it existed.
+IDENTITY_DEFAULTS: dict[str, Any] = {"server_optimizer": {"name": "", "options": {}}}
 
 Slot = tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], None]]
+TensorSlot = tuple[Callable[[], dict[str, torch.Tensor]], Callable[[dict[str, torch.Tensor]], None]]
+# A tensor slot's tensors travel in the snapshot as one more tensor file, under this prefix and the slot's name
+# (the models' ids are "global" and DistFL's cluster ids, never with a dot).
+TENSOR_SLOT_PREFIX = "stage."
 # Opens the state store of a run directory (``<run_dir>/state``): the seam where the fault tests put a store
 # that dies at a chosen point of a save (tests/crash_server.py); production uses :func:`open_store`.
 StoreOpener = Callable[[Path, PersistenceConfig], StateStore]
@@ -77,6 +85,7 @@ class Persistence:
         self.run_dir = Path(config.server.run_dir)
         self.store: StateStore | None = None  # opened by restore(), after --fresh moved old files aside
         self._slots: dict[str, Slot] = {}
+        self._tensor_slots: dict[str, TensorSlot] = {}
         self.log = get_logger("fedserver")
         self.last_save_seconds = 0.0
         self._saved_history = 0  # history reports the store has (a snapshot appends only the ones after them)
@@ -91,6 +100,15 @@ class Persistence:
         if name in self._slots:
             raise ValueError(f"state slot {name!r} is already registered")
         self._slots[name] = (save, load)
+
+    def register_tensor_slot(self, name: str, save: Callable[[], dict[str, torch.Tensor]],
+                             load: Callable[[dict[str, torch.Tensor]], None]) -> None:
+        """A server-side stage's tensors (a server optimizer's moments) travel with every snapshot under ``name``,
+        as one verified tensor file; on resume ``load`` gets them after every JSON slot was loaded. A snapshot with
+        no tensors for the slot (``save`` returned none) gives ``load`` nothing."""
+        if name in self._tensor_slots:
+            raise ValueError(f"tensor slot {name!r} is already registered")
+        self._tensor_slots[name] = (save, load)
 
     # ---- start ----
 
@@ -158,11 +176,21 @@ class Persistence:
             return None
         stored = self.store.get_meta("config") or {}
         check_identity(current_shape(stored), json.loads(json.dumps(redacted(self.config))))
+        stage_tensors: dict[str, dict[str, torch.Tensor]] = {}
         for model_id, tensors in snap.models.items():
-            self.models.put(model_id, tensors)
+            if model_id.startswith(TENSOR_SLOT_PREFIX):
+                stage_tensors[model_id.removeprefix(TENSOR_SLOT_PREFIX)] = dict(tensors)
+            else:
+                self.models.put(model_id, tensors)
         for name, value in snap.state.get("slots", {}).items():
             if name in self._slots:
                 self._slots[name][1](value)
+        for name, tensors in sorted(stage_tensors.items()):
+            if name not in self._tensor_slots:
+                raise ConfigError("pipeline.stages", f"the snapshot of round {snap.completed_rounds} holds the "
+                                                     f"tensors of stage {name!r}, which this configuration does not "
+                                                     "run; resume with the stage, or start over with --fresh")
+            self._tensor_slots[name][1](tensors)
         rows = loaded.history if snap.history_len >= 0 else snap.state.get("history", [])
         history = [RoundReport.from_dict(d) for d in rows]
         self._saved_history = len(history) if snap.history_len >= 0 else 0
@@ -212,7 +240,12 @@ class Persistence:
         }
         start = min(self._saved_history, len(history))
         tail = [r.to_dict() for r in history[start:]]
-        snap = Snapshot(completed_rounds, body, self.models.all(), history_len=len(history),
+        models = self.models.all()
+        for name, (save_tensors, _) in sorted(self._tensor_slots.items()):
+            tensors = save_tensors()
+            if tensors:
+                models[TENSOR_SLOT_PREFIX + name] = tensors
+        snap = Snapshot(completed_rounds, body, models, history_len=len(history),
                         state_text=self.state_text(state, body))
         stats = self.store.save(snap, tail)
         self._saved_history = len(history)
@@ -278,6 +311,8 @@ def check_identity(stored: dict[str, Any], current: dict[str, Any]) -> None:
     """Refuse a configuration that changes what the stored federation is (raises :class:`ConfigError`)."""
     for path in IDENTITY:
         old, new = _get(stored, path), _get(current, path)
+        if old is None and path in IDENTITY_DEFAULTS:
+            old = IDENTITY_DEFAULTS[path]
         if isinstance(old, dict) and isinstance(new, dict):
             for key in sorted(set(old) | set(new)):
                 if old.get(key) != new.get(key):

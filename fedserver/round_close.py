@@ -1,22 +1,15 @@
-"""Closing a round: aggregate -> report -> complete -> persist -> publish, in that order.
+"""Closing a round: aggregate -> model stages -> report -> report stages -> persist -> publish, in that order.
 
-1. **Aggregate** the round's updates: DistFL's per-cluster aggregation (:mod:`fedserver.clusters`) when the
-   intake kept them whole, else the configured rule (:mod:`fedserver.finalize`), after the simulation-only
-   adversary harness crafted its updates. A rule that cannot work with what arrived re-runs the round.
-2. **Report**: :class:`~fedcore.report.RoundReport`, the one typed record of the round.
-3. **Complete**: every *stage* (``RoundReport -> RoundReport``: DistFL's cluster sizes, the NFL monitor, the DP
-   accountant, in registration order) adds its view. Stages run before the snapshot, so a stage's own state is
-   saved with the round that moved it (persistence slots).
-4. **Persist** the round (a snapshot of the round machine, the models, the history and the slots).
-5. **Publish** the persisted report to every *subscriber* (``RoundReport -> None``: the history, the
-   ``round.completed`` line, the ``rounds.jsonl`` writer, an embedding app's callback), in registration order.
-
-Server features are registered in these two lists (:meth:`RoundCloser.add_stage`, :meth:`RoundCloser.subscribe`);
-the closer calls none of them by name. The result is the round machine's next observation.
+The order and what each step is: :mod:`fedserver.pipeline` (the stages are composed there, in one place); this
+module drives them. The aggregation is DistFL's per-cluster aggregation (:mod:`fedserver.clusters`) when the
+intake kept the updates whole, else the configured rule (:mod:`fedserver.finalize`) after the simulation-only
+adversary harness crafted its updates; a rule that cannot work with what arrived re-runs the round. The result
+is the round machine's next observation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -29,9 +22,9 @@ from fedserver.harness import AdversaryHarness
 from fedserver.intake import UpdateIntake
 from fedserver.offload import Offload
 from fedserver.persistence import Persistence
+from fedserver.pipeline import Pipeline
 from fedserver.round_timing import RoundTimer
 
-ReportStage = Callable[[RoundReport], RoundReport]
 RoundSubscriber = Callable[[RoundReport], None]
 
 
@@ -39,7 +32,7 @@ class RoundCloser:
     def __init__(self, intake: UpdateIntake, clusters: ClusterShell, harness: AdversaryHarness,
                  finalizer: RoundFinalizer, persistence: Persistence, history: list[RoundReport],
                  state: Callable[[], rm.RoundState], ends_federation: Callable[[], str],
-                 clock: Callable[[], float], log: Any, timing: RoundTimer | None = None,
+                 clock: Callable[[], float], log: Any, pipeline: Pipeline, timing: RoundTimer | None = None,
                  offload: Offload | None = None) -> None:
         self.intake = intake
         self.clusters = clusters
@@ -55,17 +48,12 @@ class RoundCloser:
         self.timing = timing if timing is not None else RoundTimer()  # stamps the close's phase boundaries
         # Where the close's blocking steps run (fedserver.offload): the finalizer's too, one record per step name.
         self.offload = offload if offload is not None else Offload()
-        self._stages: list[ReportStage] = []
-        self._subscribers: list[RoundSubscriber] = []
-
-    def add_stage(self, stage: ReportStage) -> None:
-        """``stage`` completes every round's report before the round is persisted (off the event loop's other work:
-        a worker thread, or the loop itself when the stages and the snapshot were short, :mod:`fedserver.offload`)."""
-        self._stages.append(stage)
+        self.pipeline = pipeline
 
     def subscribe(self, fn: RoundSubscriber) -> None:
-        """Call ``fn`` with every completed round's report, after the round was persisted (on the event loop)."""
-        self._subscribers.append(fn)
+        """Call ``fn`` with every completed round's report, after the round was persisted (on the event loop), after
+        the pipeline's own published hooks."""
+        self.pipeline.subscribe(fn)
 
     async def close(self, round_: int, reason: str) -> rm.Aggregated | rm.AggregationFailed:
         self.timing.close_began(round_)
@@ -75,13 +63,16 @@ class RoundCloser:
         except ValueError as e:  # the rule cannot work with what arrived: re-run the round
             self.log.warning("round.aggregation_failed", round=round_, reason=str(e))
             return rm.AggregationFailed(round_, str(e), self._clock())
+        if self.pipeline.shapes_model:  # step 3: the model stages (a server optimizer) shape what is applied
+            shaped, metrics = await self.offload.run("model_stages", self.pipeline.shape_model, round_,
+                                                     result.new_global)
+            result = dataclasses.replace(result, new_global=shaped, metrics={**result.metrics, **metrics})
         self.timing.aggregated(round_)
         report = await self.finalizer.report(result, round_log, self._state(), reason)
         # The stages and the snapshot in one step (on a worker thread each hop is a thread wake-up and a loop wake-up).
         report = await self.offload.run("complete_and_persist", self._complete_and_persist, report, round_)
         self.timing.snapshotted(round_)
-        for fn in self._subscribers:
-            fn(report)
+        self.pipeline.publish(report)
         self.intake.finished_round()
         return rm.Aggregated(round_, self._clock(), self._ends_federation())
 
@@ -97,8 +88,7 @@ class RoundCloser:
     def _complete_and_persist(self, report: RoundReport, round_: int) -> RoundReport:
         """Steps 3 and 4 (one :class:`~fedserver.offload.Offload` step): the stages complete the report, then the
         round is persisted."""
-        for stage in self._stages:
-            report = stage(report)
+        report = self.pipeline.complete(report)
         self.timing.reported(round_)
         self.persistence.snapshot(self._state(), [*self.history, report], round_)
         return report

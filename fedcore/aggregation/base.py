@@ -35,7 +35,7 @@ from fedcore.aggregation.memory import check_memory, uses_buffer
 from fedcore.aggregation.metrics import CountSketch, norm_stats, sketched_weight_divergence
 from fedcore.aggregation.pipeline import Pipeline
 from fedcore.aggregation.rules import Rule
-from fedcore.aggregation.steps import Clip, GaussianNoise, Validate
+from fedcore.aggregation.steps import Clip, GaussianNoise, Validate, adaptive_metrics, scaled_noise
 
 __all__ = [
     "AggregationConfig",
@@ -134,12 +134,17 @@ class StreamingFedAvg:
         sketch_seed: int = 0,
         workers: int | None = None,
         expected: int = 0,
+        noise_multiplier: float | None = None,
     ) -> None:
+        if noise_multiplier is not None and clip_norm is None:
+            raise ValueError("noise_multiplier: needs a clip norm (the noise is a multiple of the sensitivity)")
         self._sum = FixedPointSum(num_params, workers)
         self._weighted = weighted
         self._validate = Validate(num_params, max_update_norm)
         self._clip = Clip(clip_norm)
         self._noise = GaussianNoise(noise_sigma)
+        # Adaptive clipping: the noise std is this times the round's sensitivity (see make_aggregator).
+        self._noise_multiplier = noise_multiplier
         self._sketch = CountSketch(num_params, sketch_dim, sketch_seed) if sketch_dim > 0 else None
         self._received: list[_Received] = []
         # S u_i by seq, written in place as blocks are flushed: one [capacity, d] float64 array, grown by doubling
@@ -231,7 +236,11 @@ class StreamingFedAvg:
         received = sorted(self._received, key=lambda r: (r.key, r.seq))
         total_weight = math.fsum(r.weight for r in received)  # correctly rounded: order-independent
         mean = self._sum.value(total_weight)
-        step, noise = self._noise(mean, generator)
+        share = max(r.weight for r in received) / total_weight
+        noise_step = self._noise
+        if self._noise_multiplier is not None and self._clip.max_norm is not None:
+            noise_step = scaled_noise(self._noise_multiplier, self._clip.max_norm, share)
+        step, noise = noise_step(mean, generator)
         metrics: dict[str, float] = {
             "num_updates": float(self.count),
             "num_rejected": float(len(self._rejected)),
@@ -242,8 +251,10 @@ class StreamingFedAvg:
             "rule_update_norm": float(torch.linalg.vector_norm(mean)),
             "aggregate_update_norm": float(torch.linalg.vector_norm(step)),
             "noise_norm": noise.noise_norm,
-            "max_weight_share": max(r.weight for r in received) / total_weight,
+            "max_weight_share": share,
         }
+        if self._noise_multiplier is not None and self._clip.max_norm is not None:
+            metrics.update(adaptive_metrics(self._clip.max_norm, self.count, self._num_clipped, noise_step.sigma))
         if self._sketch is not None:
             # The rows stay in arrival order; the mean is taken in key order (the same value as stacking them so).
             sketches = torch.from_numpy(self._sketches[: self._sketched])
@@ -263,12 +274,15 @@ class BufferedAggregator:
     ``result.selected`` still names positions in order of acceptance.
     """
 
-    def __init__(self, config: AggregationConfig, num_params: int, k: int) -> None:
+    def __init__(self, config: AggregationConfig, num_params: int, k: int,
+                 noise_multiplier: float | None = None) -> None:
         if k < 1:
             raise ValueError(f"k: must be >= 1, got {k}")
+        if noise_multiplier is not None and config.clip_norm is None:
+            raise ValueError("noise_multiplier: needs a clip norm (the noise is a multiple of the sensitivity)")
         self._config = config
         self._k = k
-        self._pipeline = Pipeline.from_config(config, num_params)
+        self._pipeline = Pipeline.from_config(config, num_params, noise_multiplier)
         # torch.empty does not touch the pages: the process's memory grows as rows are written.
         self._buffer = torch.empty(k, num_params, dtype=torch.float32)
         self._weights = torch.zeros(k, dtype=torch.float64)
@@ -404,8 +418,15 @@ def permute_rows_(buffer: torch.Tensor, perm: list[int]) -> None:
         done[j] = True
 
 
-def make_aggregator(config: AggregationConfig, num_params: int, k: int) -> Aggregator:
+def make_aggregator(config: AggregationConfig, num_params: int, k: int, *,
+                    noise_multiplier: float | None = None) -> Aggregator:
     """The aggregator for ``config`` for rounds of up to ``k`` updates of ``num_params`` float32 values.
+
+    ``noise_multiplier`` (adaptive clipping, :mod:`fedcore.adaptive_clip`): None (the default) adds
+    ``config.noise_sigma`` as configured; a number z ≥ 0 adds noise of std ``z · clip_norm · max_weight_share``
+    instead, the round's own sensitivity times z (the share is known when the round closes), and the round's
+    metrics then carry ``clip_norm``, ``num_unclipped`` and ``noise_sigma`` (the std added). It needs
+    ``config.clip_norm`` and ``config.noise_sigma = 0``.
 
     Validates ``config`` against ``k`` and, when ``config.memory_budget_bytes > 0``, checks the memory
     arithmetic against it (:func:`fedcore.aggregation.memory.check_memory`). FedAvg without
@@ -413,6 +434,12 @@ def make_aggregator(config: AggregationConfig, num_params: int, k: int) -> Aggre
     other configuration uses a ``[k, num_params]`` buffer.
     """
     config.validate(k)
+    if noise_multiplier is not None:
+        if config.clip_norm is None or config.noise_sigma != 0.0:
+            raise ValueError("noise_multiplier: needs clip_norm set and noise_sigma = 0 (the noise is a multiple of "
+                             "the sensitivity)")
+        if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+            raise ValueError(f"noise_multiplier: must be a finite number >= 0, got {noise_multiplier}")
     if config.memory_budget_bytes > 0:
         check_memory(config, k, num_params, config.memory_budget_bytes)
     if not uses_buffer(config):
@@ -428,5 +455,6 @@ def make_aggregator(config: AggregationConfig, num_params: int, k: int) -> Aggre
             sketch_dim=config.sketch_dim,
             sketch_seed=config.sketch_seed,
             expected=k,
+            noise_multiplier=noise_multiplier,
         )
-    return BufferedAggregator(config, num_params, k)
+    return BufferedAggregator(config, num_params, k, noise_multiplier)

@@ -15,7 +15,7 @@ import torch
 from fedcore.aggregation.config import AggregationConfig, AggregationResult, TooFewUpdatesError
 from fedcore.aggregation.metrics import norm_stats, weight_divergence
 from fedcore.aggregation.rules import Rule, build_rule
-from fedcore.aggregation.steps import Clip, GaussianNoise, Validate
+from fedcore.aggregation.steps import Clip, GaussianNoise, Validate, adaptive_metrics, scaled_noise
 
 
 @dataclass(frozen=True)
@@ -24,14 +24,19 @@ class Pipeline:
     clip: Clip
     rule: Rule
     noise: GaussianNoise
+    # Adaptive clipping (fedcore.adaptive_clip): the noise std is this multiplier times the round's sensitivity
+    # (clip norm times the largest weight share), instead of ``noise``'s fixed sigma; None: ``noise`` as configured.
+    noise_multiplier: float | None = None
 
     @classmethod
-    def from_config(cls, config: AggregationConfig, num_params: int) -> Pipeline:
+    def from_config(cls, config: AggregationConfig, num_params: int,
+                    noise_multiplier: float | None = None) -> Pipeline:
         return cls(
             validate=Validate(num_params, config.max_update_norm),
             clip=Clip(config.clip_norm),
             rule=build_rule(config),
             noise=GaussianNoise(config.noise_sigma),
+            noise_multiplier=noise_multiplier,
         )
 
     def check_count(self, n: int, k: int | None = None) -> None:
@@ -64,13 +69,20 @@ class Pipeline:
         n = int(clipped.shape[0])
         self.check_count(n, k)
         out = self.rule(clipped, weights)
-        step, noise = self.noise(out.step, generator)
+        # The largest weight share w_i / Σ w (1/n for the plain mean): the DP accountant's sensitivity factor.
+        share = float(weights.max() / weights.sum())
+        noise_step = self.noise
+        if self.noise_multiplier is not None:
+            assert self.clip.max_norm is not None, "a noise multiplier needs a clip norm"
+            noise_step = scaled_noise(self.noise_multiplier, self.clip.max_norm, share)
+        step, noise = noise_step(out.step, generator)
         new_global = global_flat + step.to(global_flat.dtype)
         w_div = weight_divergence(clipped, scales, step)
+        num_clipped = int((scales < 1.0).sum())
         metrics: dict[str, float] = {
             "num_updates": float(n),
             "num_rejected": float(num_rejected),
-            "num_clipped": float(int((scales < 1.0).sum())),
+            "num_clipped": float(num_clipped),
             "num_excluded": float(out.num_excluded),
             "num_trimmed_per_coord": float(out.num_trimmed_per_coord),
             **norm_stats(raw_norms),
@@ -80,9 +92,10 @@ class Pipeline:
             "w_div": w_div,
             "delta": w_div - noise.noise_norm,
             "w_div_exact": 1.0,
-            # The largest weight share w_i / Σ w (1/n for the plain mean): the DP accountant's sensitivity factor.
-            "max_weight_share": float(weights.max() / weights.sum()),
+            "max_weight_share": share,
         }
+        if self.noise_multiplier is not None and self.clip.max_norm is not None:
+            metrics.update(adaptive_metrics(self.clip.max_norm, n, num_clipped, noise_step.sigma))
         return AggregationResult(new_global, metrics, selected=out.selected), step
 
     def __call__(
@@ -121,14 +134,15 @@ def aggregate(
     weights: torch.Tensor | Sequence[float],
     global_flat: torch.Tensor,
     generator: torch.Generator | None = None,
+    noise_multiplier: float | None = None,
 ) -> AggregationResult:
     """One round of the pipeline over stacked ``[K, P]`` updates, as a pure function.
 
     Weights are the sample counts n_i (used when ``config.weighted``, otherwise replaced by ones). Rejected
     rows are listed in ``result.rejected`` as ``"update i: reason"``; ``result.selected`` refers to rows of
-    ``updates``. Always computes exact metrics.
+    ``updates``. Always computes exact metrics. ``noise_multiplier``: as :func:`~fedcore.aggregation.make_aggregator`'s.
     """
-    pipeline = Pipeline.from_config(config, int(updates.shape[1]))
+    pipeline = Pipeline.from_config(config, int(updates.shape[1]), noise_multiplier)
     w = torch.as_tensor(weights, dtype=torch.float64)
     if not config.weighted:
         w = torch.ones_like(w)

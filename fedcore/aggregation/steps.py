@@ -136,3 +136,16 @@ class GaussianNoise:
         noise.mul_(self.sigma)
         noise_norm = float(torch.linalg.vector_norm(noise))
         return noise.add_(step), NoiseReport(noise_norm)
+
+
+def scaled_noise(multiplier: float, clip_norm: float, max_weight_share: float) -> GaussianNoise:
+    """The noise of a Gaussian mechanism with noise multiplier ``multiplier`` on an average of updates clipped to
+    ``clip_norm``: ``σ = multiplier · clip_norm · max_weight_share``, the multiplier times the average's L2
+    sensitivity (adaptive clipping, :mod:`fedcore.adaptive_clip`: the clip norm, and so σ, changes every round)."""
+    return GaussianNoise(multiplier * clip_norm * max_weight_share)
+
+
+def adaptive_metrics(clip_norm: float, num_updates: int, num_clipped: int, noise_sigma: float) -> dict[str, float]:
+    """What a round with a per-round clip norm adds to its metrics: the clip norm used, the count of updates it did
+    not clip (``‖u_i‖ ≤ clip_norm``, the count adaptive clipping releases with noise) and the noise std σ added."""
+    return {"clip_norm": clip_norm, "num_unclipped": float(num_updates - num_clipped), "noise_sigma": noise_sigma}

@@ -23,7 +23,9 @@ from fedcore.aggregation import AggregationResult
 from fedcore.config import RoundsConfig
 from fedcore.report import RoundReport
 from fedserver.errors import ProtocolError
+from fedserver.global_models import GlobalModels
 from fedserver.membership import Membership
+from fedserver.pipeline import Pipeline, Stage
 from fedserver.polls import LongPolls
 from fedserver.round_close import RoundCloser
 from fedserver.round_log import WAIT_LOG_S, WaitingLine
@@ -88,8 +90,9 @@ class _Log:
     warning = error = debug = info
 
 
-def _closer(fail: bool = False, ends: str = "") -> tuple[RoundCloser, _Calls, _Persistence, list[RoundReport]]:
-    calls, history = _Calls(), [RoundReport(round=1)]
+def _closer(fail: bool = False, ends: str = "", stages: tuple[Stage, ...] = (), calls: _Calls | None = None) -> tuple[
+        RoundCloser, _Calls, _Persistence, list[RoundReport]]:
+    calls, history = calls or _Calls(), [RoundReport(round=1)]
     persistence = _Persistence(calls)
     state = rm.RoundState(round=2)
 
@@ -97,21 +100,21 @@ def _closer(fail: bool = False, ends: str = "") -> tuple[RoundCloser, _Calls, _P
         enabled = False
 
     closer = RoundCloser(_Intake(calls), object(), _Harness(), _Finalizer(calls, fail), persistence,  # type: ignore[arg-type]
-                         history, lambda: state, lambda: ends, lambda: 7.0, _Log())
+                         history, lambda: state, lambda: ends, lambda: 7.0, _Log(),
+                         Pipeline(list(stages), GlobalModels({})))
     return closer, calls, persistence, history
 
 
-def test_closer_completes_then_persists_then_publishes_in_registration_order() -> None:
-    closer, calls, persistence, history = _closer(ends="dp_budget")
+def test_closer_completes_then_persists_then_publishes_in_pipeline_order() -> None:
+    calls = _Calls()
 
-    def stage(name: str) -> Any:
+    def stage(name: str) -> Stage:
         def run(r: RoundReport) -> RoundReport:
             calls.calls.append(f"stage {name}")
             return replace(r, nfl_count=r.nfl_count * 10 + len(name))
-        return run
+        return Stage(name, report=run)
 
-    closer.add_stage(stage("a"))
-    closer.add_stage(stage("bb"))
+    closer, _, persistence, history = _closer(ends="dp_budget", stages=(stage("a"), stage("bb")), calls=calls)
     got: list[RoundReport] = []
     closer.subscribe(lambda r: calls.calls.append(f"subscriber {r.nfl_count}"))
     closer.subscribe(got.append)
@@ -125,8 +128,7 @@ def test_closer_completes_then_persists_then_publishes_in_registration_order() -
 
 
 def test_closer_reruns_a_round_the_rule_cannot_aggregate_without_saving_or_publishing() -> None:
-    closer, calls, _, _ = _closer(fail=True)
-    closer.add_stage(lambda r: pytest.fail("a stage ran"))  # type: ignore[arg-type,return-value]
+    closer, calls, _, _ = _closer(fail=True, stages=(Stage("x", report=lambda r: pytest.fail("a stage ran")),))
     closer.subscribe(lambda r: pytest.fail("a subscriber ran"))
     obs = asyncio.run(closer.close(2, "deadline"))
     assert obs == rm.AggregationFailed(2, "krum needs 5 updates", 7.0)
