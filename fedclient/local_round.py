@@ -45,6 +45,7 @@ from fedcore.config import ClientConfig, FederationInfo
 from fedcore.data import ClientData
 from fedcore.nfl import DETECT_AND_RECOVER
 from fedcore.nfl import individual as ind
+from fedcore.nfl.measure import client_beta_hat, first_batch
 from fedcore.seeds import RoundSeeds, derive_seed, round_seeds
 from fedcore.train import evaluate
 from fedcore.train.loop import Batches
@@ -52,8 +53,6 @@ from fedcore.train.trainers import (
     Trainer,
     TrainerState,
     TrainerStateError,
-    beta_hat,
-    first_batch,
     make_trainer,
 )
 from fedcore.update_report import BetaHat, UpdateReport
@@ -199,7 +198,7 @@ class LocalRound:
         seeds = round_seeds(fed.seed, self.client_id, round_)
         measured: BetaHat = None
         if private_accuracy is not None and data.num_train:
-            measured = beta_hat(infer, first_batch(data.x_train, data.y_train, fed.training.batch_size,
+            measured = client_beta_hat(infer, first_batch(data.x_train, data.y_train, fed.training.batch_size,
                                                    seeds.batches), private_accuracy)
         own = self._individual_step(fed, round_, measured, recovery_flag)
         recovery = (recovery_flag or own) and not cfg.opt_out and fed.nfl_mode != "off"

@@ -1,8 +1,8 @@
 """The round machine: a deterministic state machine over plain, serializable state.
 
-``state, events = step(state, observation, config)``. The coordinator feeds it observations (a client joined,
-was heard from, left; an update was accepted or rejected; time passed; aggregation finished) and acts on the
-events it returns (start a round, aggregate, abandon, finish). It never reads a clock or draws randomness of
+``state, events = step_in_place(state, observation, config, limits)``. The coordinator feeds it observations (a
+client joined, was heard from, left; an update was accepted or rejected; time passed; aggregation finished) and acts
+on the events it returns (start a round, aggregate, abandon, finish). It never reads a clock or draws randomness of
 its own: time comes in with each observation and selection is seeded by (seed, round, attempt), so a run is
 reproducible and a restarted server can carry on from the saved state.
 
@@ -79,10 +79,10 @@ class RoundState:
     assembled: bool = False
     # Uploads refused because their round (or attempt) had already closed, since the federation began.
     late_total: int = 0
-    # Derived, not saved: (alive, alive and ready) client counts, kept by :func:`step` as each observation changes
+    # Derived, not saved: (alive, alive and ready) client counts, kept by ``step_in_place`` as each observation changes
     # one record, so a contact costs O(1) in the size of the fleet instead of a count over every client (a
     # 10,000-client fleet joining would cost 10^8 record visits). None: count afresh (after from_dict, and after a
-    # liveness check, which may change many records). Code outside :func:`step` that changes a record's ``alive``
+    # liveness check, which may change many records). Code outside ``step_in_place`` that changes a record's ``alive``
     # or ``ready`` must set it to None.
     counts: tuple[int, int] | None = field(default=None, compare=False, repr=False)
     # Derived, not saved: the (round, attempt) whose selected clients the poll grace has been applied to.
@@ -91,9 +91,9 @@ class RoundState:
     # late in a round does not build the set of up to K answered clients and scan them again (O(K) per observation,
     # O(K^2) per round: 21 us an update at K = 1,000).
     answered: Answered | None = field(default=None, compare=False, repr=False)
-    # Derived, not saved: counts the changes :func:`step` made to what :meth:`saved_registry` lists (a client
+    # Derived, not saved: counts the changes :func:`step_in_place` made to what :meth:`saved_registry` lists (a client
     # registered, or its samples or flags changed at a re-join), so a snapshot can reuse the registry it serialized
-    # last (a 1,000-client fleet's is ~0.25 ms of JSON a round). Code outside :func:`step` that changes a record's
+    # last (a 1,000-client fleet's is ~0.25 ms of JSON a round). Code outside ``step_in_place`` that changes a record's
     # saved fields must add one.
     registry_version: int = field(default=0, compare=False, repr=False)
 
@@ -398,10 +398,11 @@ def who_answered(s: RoundState) -> Answered:
     return a
 
 
-def step(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limits) -> tuple[
+def step_in_place(state: RoundState, obs: Observation, config: RoundsConfig, limits: Limits) -> tuple[
     RoundState, list[Event]
 ]:
-    """Apply one observation to ``state`` (updated in place and returned) and list the events it caused.
+    """Apply one observation to ``state`` -- updated in place (a copy per observation would cost O(fleet) on the
+    hot path) and returned -- and list the events it caused.
 
     Liveness (dropping silent clients) is evaluated on :class:`Tick` observations only, so the cost of a
     contact from one client does not grow with the size of the fleet.

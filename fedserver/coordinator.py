@@ -8,7 +8,7 @@
 - :mod:`fedserver.persistence`: resume from the run directory and snapshot every completed round;
 - :mod:`fedserver.round_log`, :mod:`fedserver.final_models`: what the server logs and writes at the end.
 
-The coordinator turns the parts' calls into observations for :func:`fedcore.rounds.step` and acts on the events
+The coordinator turns the parts' calls into observations for :func:`fedcore.rounds.step_in_place` and acts on the events
 that come back; it calls no server feature by name. What a round's close does -- a server optimizer on the aggregate,
 DistFL's cluster sizes, the NFL monitor and the DP accountant completing the typed
 :class:`~fedcore.report.RoundReport` before it is persisted, the history, the ``round.completed`` line and the
@@ -177,7 +177,7 @@ class Coordinator:
     # ---- the round machine ----
 
     def observe(self, obs: rm.Observation) -> None:
-        self.state, events = rm.step(self.state, obs, self.rounds, self.limits)
+        self.state, events = rm.step_in_place(self.state, obs, self.rounds, self.limits)
         for ev in events:
             self._on_event(ev)
         # Long-polls only care about a task becoming available or the federation ending: a round start wakes the

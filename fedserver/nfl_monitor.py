@@ -54,14 +54,14 @@ class NflMonitor:
                              count=ev.count, recovery=self.state.recovery)
         s = self.state
         return dataclasses.replace(
-            report, beta_hat_avg=s.beta_hat if s.beta_hat is not None else math.nan,
+            report, beta_hat_avg=s.beta_hat_avg if s.beta_hat_avg is not None else math.nan,
             nfl=nfl_state_name(s), nfl_count=s.count, recovery=s.recovery), events
 
     def status(self) -> NflStatus:
         s = self.state
         return NflStatus(mode=s.mode, detector=s.detector, state=nfl_state_name(s), recovery=s.recovery,
                          count=s.count, consecutive_ok=s.consecutive_ok,
-                         beta_hat=math.nan if s.beta_hat is None else s.beta_hat,
+                         beta_hat=math.nan if s.beta_hat_avg is None else s.beta_hat_avg,
                          delta=math.nan if s.delta is None else s.delta, reported_round=s.reported_round or 0,
                          cancelled_round=s.cancelled_round or 0, stopped_round=s.stopped_round or 0)
 

@@ -45,7 +45,7 @@ FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("fedguard.wire", "update_report_from_pb"),
     ("fedserver.membership", "Membership.touch"),
     ("fedserver.coordinator", "Coordinator.observe"),
-    ("fedcore.rounds", "step"),
+    ("fedcore.rounds", "step_in_place"),
     ("fedserver.dispatch", "TaskDispatcher.task_for"),
     ("fedserver.persistence", "Persistence.snapshot"),
     ("fedserver.framed", "_Connection.data_received"),

@@ -4,8 +4,9 @@
 round the server feeds it an :class:`NflObservation` (the round's median of the clients' β̂ᵢ and LINDT's Δ) and
 acts on the :class:`NflEvent` s it returns (log them, put ``state.recovery`` -- the recovery flag -- into the next
 round's tasks). It reads no clock and draws no randomness, and :class:`NflState` round-trips exactly through
-``to_dict``/``from_dict`` (JSON-safe), so a restarted server carries on from its saved state. ``step`` updates
-``state`` in place and returns it, as :func:`fedcore.rounds.step` does.
+``to_dict``/``from_dict`` (JSON-safe), so a restarted server carries on from its saved state. ``step`` returns a new
+state and leaves the one it was given as it was (unlike the round machine's hot-path
+:func:`fedcore.rounds.step_in_place`; the detector steps once a round).
 
 Detectors plug in by name (:data:`DETECTORS`, :func:`register_detector`); ``config.detector`` picks one. A
 detector is a function ``(state, observation, config) -> events`` that runs only in mode ``detect-and-recover``;
@@ -14,7 +15,7 @@ the bookkeeping common to all of them (the β̂ window and history) is done by :
 Common rules, every mode:
 
 - β̂ (FL-GUARD Eq. 4–5): the observation's ``beta_hat`` is the round's median β̂^r of the clients' β̂ᵢ (Eq. 4,
-  computed by the shell); the state keeps the last ``c`` medians and ``state.beta_hat`` is their mean (Eq. 5),
+  computed by the shell); the state keeps the last ``c`` medians and ``state.beta_hat_avg`` is their mean (Eq. 5),
   over fewer medians in the first rounds (SPEC §6). ``state.delta`` is the latest Δ observed.
 - A missing value -- ``None`` (no client reported a β̂ᵢ; no w_div this round) or a non-finite one -- is not an
   observation: it enters neither the window nor any count, and it neither extends nor breaks a run of
@@ -129,7 +130,7 @@ class NflRecord:
 
     round: int
     median: float | None
-    beta_hat: float | None
+    beta_hat_avg: float | None
     delta: float | None
     reported: bool
     recovery: bool
@@ -140,9 +141,10 @@ class NflState:
     """The detector's state; plain data, JSON-safe through :meth:`to_dict` / :meth:`from_dict`.
 
     ``count``: negative-round count (beta_hat) or Δ > ε count (delta). ``consecutive_ok``: the current run of
-    rounds toward a cancel (β̂ >= 0) or a stop (Δ < ε). ``medians``: the last c round medians; ``beta_hat`` their
-    mean (None before the first). ``delta``: the latest Δ. ``last_round``: the last round observed (0: none).
-    ``reported_round`` / ``cancelled_round`` / ``stopped_round``: the rounds of the latest such transition.
+    rounds toward a cancel (β̂ >= 0) or a stop (Δ < ε). ``medians``: the last c round medians; ``beta_hat_avg``
+    their mean (FL-GUARD Eq. 5; None before the first). ``delta``: the latest Δ. ``last_round``: the last round
+    observed (0: none). ``reported_round`` / ``cancelled_round`` / ``stopped_round``: the rounds of the latest
+    such transition.
     Start-up guards (``beta_hat_warmup``, ``beta_hat_plateau``): ``armed_round`` is the round the guard let
     counting begin (None: still in the start-up); ``startup_seen`` the rounds observed before it; ``startup`` the
     last ``2 * plateau_rounds`` medians before it (plateau). ``cusum``: the CUSUM statistic (``beta_hat_cusum``).
@@ -155,7 +157,7 @@ class NflState:
     count: int = 0
     consecutive_ok: int = 0
     medians: list[float] = field(default_factory=list)
-    beta_hat: float | None = None
+    beta_hat_avg: float | None = None
     delta: float | None = None
     last_round: int = 0
     reported_round: int | None = None
@@ -174,19 +176,23 @@ class NflState:
     def from_dict(cls, d: dict[str, Any]) -> NflState:
         """The state from :meth:`to_dict`'s output (after a JSON round trip too); :class:`ValueError` naming an
         unknown field."""
-        check_known_fields(cls, d, "NFL state")
         d = dict(d)
+        if "beta_hat" in d and "beta_hat_avg" not in d:  # a snapshot written before the field had its name
+            d["beta_hat_avg"] = d.pop("beta_hat")
+        check_known_fields(cls, d, "NFL state")
         d["medians"] = list(d.get("medians", []))
         d["startup"] = list(d.get("startup", []))
         try:
-            d["history"] = [NflRecord(**h) for h in d.get("history", [])]
+            d["history"] = [NflRecord(**{("beta_hat_avg" if k == "beta_hat" else k): v for k, v in h.items()})
+                            for h in d.get("history", [])]
         except TypeError as e:
             raise ValueError(f"history: {e}") from None
         return cls(**d)
 
 
-# A detector: updates ``state`` in place for one observation (already cleaned: non-finite values are None, and
-# the β̂ window is updated) and returns the events. Runs only in mode detect-and-recover.
+# A detector: updates, in place, the copy of the state that ``step`` made for one observation (already cleaned:
+# non-finite values are None, and the β̂ window is updated) and returns the events. Runs only in mode
+# detect-and-recover.
 DetectorStep = Callable[[NflState, NflObservation, NflConfig], list[NflEvent]]
 
 def register_detector(name: str, detector: DetectorStep, *, options: type | None = None, summary: str = "",
@@ -212,39 +218,42 @@ def _finite(v: float | None) -> float | None:
 
 
 def step(state: NflState, obs: NflObservation, config: NflConfig) -> tuple[NflState, list[NflEvent]]:
-    """Apply one round's observation to ``state`` (updated in place and returned) and list the events it caused.
+    """The state after one round's observation (a new :class:`NflState`; ``state`` is left as it was) and the
+    events it caused.
 
     Raises :class:`ValueError` when ``state`` was made for another detector or mode than ``config`` names (a
     server resumed with a changed ``[nfl]`` section: start again from :func:`init`).
     """
-    s = state
-    if s.detector != config.detector or s.mode != config.mode:
-        raise ValueError(f"nfl: the NFL state is for detector {s.detector!r} in mode {s.mode!r}, the configuration "
-                         f"asks for detector {config.detector!r} in mode {config.mode!r}; start from init(config)")
+    if state.detector != config.detector or state.mode != config.mode:
+        raise ValueError(f"nfl: the NFL state is for detector {state.detector!r} in mode {state.mode!r}, the "
+                         f"configuration asks for detector {config.detector!r} in mode {config.mode!r}; start from "
+                         "init(config)")
     if config.nr is None or config.c is None:
         raise ValueError("nfl: nr and c are unset (fitted to the run's length when the server starts); step a "
                          "config made by fedcore.nfl.fitted(config, num_rounds) or give nfl.nr and nfl.c")
-    if obs.round <= s.last_round:
-        return s, []
+    if obs.round <= state.last_round:
+        return state, []
+    s = dataclasses.replace(state, medians=list(state.medians), startup=list(state.startup),
+                            history=list(state.history))
     obs = NflObservation(obs.round, _finite(obs.beta_hat), _finite(obs.delta))
     s.last_round = obs.round
     if obs.beta_hat is not None:
         s.medians.append(obs.beta_hat)
         del s.medians[:-config.c]  # c is set: checked above
-        s.beta_hat = math.fsum(s.medians) / len(s.medians)  # FL-GUARD Eq. 5 over the medians we have
+        s.beta_hat_avg = math.fsum(s.medians) / len(s.medians)  # FL-GUARD Eq. 5 over the medians we have
     if obs.delta is not None:
         s.delta = obs.delta
     events = DETECTORS.get(config.detector)(s, obs, config) if config.mode == DETECT_AND_RECOVER else []
-    s.history.append(NflRecord(obs.round, obs.beta_hat, s.beta_hat, obs.delta, s.reported, s.recovery))
+    s.history.append(NflRecord(obs.round, obs.beta_hat, s.beta_hat_avg, obs.delta, s.reported, s.recovery))
     return s, events
 
 
 @DETECTORS.register("beta_hat", summary="FL-GUARD §4.1 as published, the median β̂ᵢ averaged over c rounds")
 def beta_hat_step(s: NflState, obs: NflObservation, config: NflConfig) -> list[NflEvent]:
     """FL-GUARD §4.1 "NFL Detection" (1)–(2) over the running β̂ (Eq. 5); see the module docstring."""
-    if obs.beta_hat is None or s.beta_hat is None:
+    if obs.beta_hat is None or s.beta_hat_avg is None:
         return []
-    return _count_or_cancel(s, obs.round, s.beta_hat, config, "beta_hat")
+    return _count_or_cancel(s, obs.round, s.beta_hat_avg, config, "beta_hat")
 
 
 def _count_or_cancel(s: NflState, r: int, b: float, config: NflConfig, name: str) -> list[NflEvent]:
@@ -293,8 +302,8 @@ def _guarded(armed: Callable[[NflState, float, NflConfig], bool], name: str) -> 
             if not armed(s, m, config):
                 return []
             s.armed_round, s.startup = obs.round, []
-            s.medians, s.beta_hat = [m], m
-        return _count_or_cancel(s, obs.round, m if s.beta_hat is None else s.beta_hat, config, name)
+            s.medians, s.beta_hat_avg = [m], m
+        return _count_or_cancel(s, obs.round, m if s.beta_hat_avg is None else s.beta_hat_avg, config, name)
 
     return detector
 
@@ -367,11 +376,11 @@ def beta_hat_cusum_step(s: NflState, obs: NflObservation, config: NflConfig) -> 
     S > h. ``count``: the rounds with m < −k since the last reset. While reported, the paper's cancel rule (c
     consecutive rounds with the running β̂ >= 0), after which S and ``count`` restart from 0."""
     m = obs.beta_hat
-    if m is None or s.beta_hat is None:
+    if m is None or s.beta_hat_avg is None:
         return []
     r = obs.round
     if s.reported:
-        return _toward_cancel(s, r, s.beta_hat, config, "beta_hat_cusum")
+        return _toward_cancel(s, r, s.beta_hat_avg, config, "beta_hat_cusum")
     o = options_as(config.detector_options, CusumOptions, "nfl.detector_options")
     s.cusum = max(0.0, s.cusum - m - o.cusum_k)
     if m < -o.cusum_k:

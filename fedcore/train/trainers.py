@@ -17,14 +17,15 @@ Trainers (:data:`TRAINERS`, built with :func:`make_trainer`):
 - ``"fedntd"``, ``"moon"``, ``"hydra"``: knowledge-distillation objectives (FedNTD, MOON, HYDRA-FL; SPEC §10) in
   :mod:`fedcore.train.kd`, registered here by name; no recovery method (``recovery`` changes nothing).
 
-Also here: FL-GUARD's estimated performance gain β̂ᵢ (Eq. 3, :func:`beta_hat`) on the round's first training batch
-(:func:`first_batch`), and the adaptation weight λ (Eq. 6–8, :func:`lambda_weight`).
+Also here: FL-GUARD's adaptation weight λ (Eq. 6–8, :func:`lambda_weight`). The client's estimated performance
+gain β̂ᵢ (Eq. 3) lives with the rest of NFL: :func:`fedcore.nfl.measure.client_beta_hat` on the round's first
+training batch (:func:`fedcore.nfl.measure.first_batch`).
 
 A client's round (see the module's users for the exact calls)::
 
     state = load_trainer_state(state_dir) or trainer.init(model)   # model holds the received w^{r-1}
     inf = trainer.inference_state(state, received)                 # None: infer with the received model
-    beta = beta_hat(adapted_or_received_model, first_batch(x, y, batch_size, seeds.batches), P_i)
+    beta = client_beta_hat(adapted_or_received_model, first_batch(x, y, batch_size, seeds.batches), P_i)
     result, state = trainer.train(model, state, x, y, config, seeds, recovery=flag)
     save_trainer_state(state_dir, state)
 """
@@ -54,9 +55,7 @@ from fedcore.train import (
     Batches,
     TrainResult,
     deterministic_dropout,
-    evaluate,
     model_device,
-    shuffled_batches,
     train_local,
 )
 from fedcore.train.loop import (
@@ -570,30 +569,6 @@ TRAINERS.add("noop", noop_trainer, summary="returns the received model at once (
 def make_trainer(name: str, options: Mapping[str, Any] | None = None) -> Trainer:
     """The registered trainer ``name`` built with ``options`` (errors name the unknown trainer or the field)."""
     return TRAINERS.get(name)(options)
-
-
-# ---- β̂ᵢ (FL-GUARD Eq. 3) ----
-
-def first_batch(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first mini-batch b_iʳ that :func:`fedcore.train.train_local` (and the trainers) see with batch seed
-    ``seed`` and no ``batches`` override: the first batch of epoch 0 of ``shuffled_batches(x, y, batch_size,
-    seed)`` (a fresh generator, so drawing it does not disturb training). :class:`ValueError` on empty data."""
-    if len(y) == 0:
-        raise ValueError("first_batch: the client has no training data")
-    return next(iter(shuffled_batches(x, y, batch_size, seed)(0)))
-
-
-def beta_hat(inference_model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], private_accuracy: float) -> float:
-    """FL-GUARD's estimated performance gain, Eq. 3: β̂ᵢ = EV(model, b_iʳ) − Pᵢ.
-
-    EV is the accuracy (a fraction, like Pᵢ from :func:`fedcore.metrics.local_accuracy`) of ``inference_model``
-    on the round's first training batch b_iʳ (:func:`first_batch`), evaluated before training, in eval mode (no
-    dropout, so β̂ᵢ does not depend on masks). ``inference_model`` is the received global model w^{r-1}, or vᵢ
-    when the client has an adapted model (§4.3: "β̂ᵢ ← EV(vᵢ, b_iʳ) − Pᵢ")."""
-    xb, yb = batch
-    if len(yb) == 0:
-        raise ValueError("beta_hat: empty batch")
-    return evaluate(inference_model, xb, yb, batch_size=max(len(yb), 1)).accuracy - float(private_accuracy)
 
 
 # The personalization baselines (FL-GUARD §5.2–5.4: Ditto, APFL, fine-tuning FT, classifier fine-tuning FB),

@@ -145,7 +145,7 @@ def _members() -> tuple[Membership, list[rm.Observation], list[tuple[str, ...]],
 
     def observe(obs: rm.Observation) -> None:
         seen.append(obs)
-        box["s"], _ = rm.step(box["s"], obs, RoundsConfig(num_rounds=1, clients_per_round=2),
+        box["s"], _ = rm.step_in_place(box["s"], obs, RoundsConfig(num_rounds=1, clients_per_round=2),
                                  rm.Limits(heartbeat_patience_s=60.0))
 
     members = Membership(Sessions("tok"), "fp1", lambda: box["s"], observe, woken.append, lambda: 1.0, _Log())

@@ -30,8 +30,8 @@ LIMITS = rm.Limits(heartbeat_patience_s=60.0)
 def _training_round() -> rm.RoundState:
     s = rm.RoundState()
     for cid in ("a", "b", "c"):
-        s, _ = rm.step(s, rm.Joined(cid, 0.0), CFG, LIMITS)
-        s, _ = rm.step(s, rm.Polled(cid, 0.0), CFG, LIMITS)
+        s, _ = rm.step_in_place(s, rm.Joined(cid, 0.0), CFG, LIMITS)
+        s, _ = rm.step_in_place(s, rm.Polled(cid, 0.0), CFG, LIMITS)
     assert s.phase == rm.TRAINING and s.selected == ["a", "b", "c"]
     return s
 
@@ -39,9 +39,9 @@ def _training_round() -> rm.RoundState:
 def test_a_declined_client_is_not_waited_for_and_not_counted_as_failed() -> None:
     s = _training_round()
     for cid in ("a", "b"):
-        s, _ = rm.step(s, rm.UpdateAccepted(cid, 1, 1.0), CFG, LIMITS)
+        s, _ = rm.step_in_place(s, rm.UpdateAccepted(cid, 1, 1.0), CFG, LIMITS)
     assert s.phase == rm.TRAINING  # c is pending: the round waits for it (up to the 30 s deadline)
-    s, events = rm.step(s, rm.Declined("c", 2.0), CFG, LIMITS)
+    s, events = rm.step_in_place(s, rm.Declined("c", 2.0), CFG, LIMITS)
     assert [type(e) for e in events] == [rm.RoundClosed] and events[0].reason == "all_responded"  # type: ignore
     assert s.declined == ["c"] and s.rejected == {} and s.rejected_total == 0
     assert s.clients["c"].alive and not s.clients["c"].ready and s.clients["c"].last_seen == 2.0
@@ -50,17 +50,17 @@ def test_a_declined_client_is_not_waited_for_and_not_counted_as_failed() -> None
 
 def test_a_declined_client_is_not_selected_until_it_polls_again() -> None:
     s = _training_round()
-    s, _ = rm.step(s, rm.Declined("c", 1.0), CFG, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Declined("c", 1.0), CFG, LIMITS)
     assert rm.admission(s, "c", 1) == "the client declined round 1"
     for cid in ("a", "b"):
-        s, _ = rm.step(s, rm.UpdateAccepted(cid, 1, 1.0), CFG, LIMITS)
-    s, _ = rm.step(s, rm.Aggregated(1, 2.0), CFG, LIMITS)
+        s, _ = rm.step_in_place(s, rm.UpdateAccepted(cid, 1, 1.0), CFG, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Aggregated(1, 2.0), CFG, LIMITS)
     assert s.phase == rm.SAMPLING and s.round == 2 and s.declined == []
     assert s.available_ids() == ["a", "b"]
-    s, _ = rm.step(s, rm.Polled("c", 3.0), CFG, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Polled("c", 3.0), CFG, LIMITS)
     assert s.phase == rm.TRAINING and "c" in s.selected
     # The state round-trips, and a snapshot written before the field existed still loads.
-    s2, _ = rm.step(s, rm.Declined("c", 4.0), CFG, LIMITS)
+    s2, _ = rm.step_in_place(s, rm.Declined("c", 4.0), CFG, LIMITS)
     assert rm.RoundState.from_dict(s2.to_dict()) == s2
     old = s2.to_dict()
     del old["declined"]
@@ -69,11 +69,11 @@ def test_a_declined_client_is_not_selected_until_it_polls_again() -> None:
 
 def test_declining_while_not_selected_or_sampling_changes_only_readiness() -> None:
     s = rm.RoundState()
-    s, _ = rm.step(s, rm.Joined("a", 0.0), CFG, LIMITS)
-    s, _ = rm.step(s, rm.Polled("a", 0.0), CFG, LIMITS)
-    s, events = rm.step(s, rm.Declined("a", 1.0), CFG, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Joined("a", 0.0), CFG, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Polled("a", 0.0), CFG, LIMITS)
+    s, events = rm.step_in_place(s, rm.Declined("a", 1.0), CFG, LIMITS)
     assert events == [] and s.declined == [] and not s.clients["a"].ready and s.phase == rm.SAMPLING
-    s, events = rm.step(s, rm.Declined("nobody", 1.0), CFG, LIMITS)
+    s, events = rm.step_in_place(s, rm.Declined("nobody", 1.0), CFG, LIMITS)
     assert events == [] and "nobody" not in s.clients
 
 

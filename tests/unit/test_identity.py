@@ -138,18 +138,18 @@ def test_poll_grace_neither_selects_nor_waits_for_silent_ids() -> None:
     s = rm.RoundState()
     # 50 made-up ids join and poll once (the round starts on two of them), then fall silent.
     for cid in (f"fake-{i:02d}" for i in range(50)):
-        s, _ = rm.step(s, rm.Joined(cid, 0.0), cfg, limits)
-        s, _ = rm.step(s, rm.Polled(cid, 0.0), cfg, limits)
+        s, _ = rm.step_in_place(s, rm.Joined(cid, 0.0), cfg, limits)
+        s, _ = rm.step_in_place(s, rm.Polled(cid, 0.0), cfg, limits)
     assert s.phase == rm.TRAINING and all(c.startswith("fake") for c in s.selected)
     for cid in ("h0", "h1"):  # the honest clients join and hold their polls
-        s, _ = rm.step(s, rm.Joined(cid, 0.5), cfg, limits)
-        s, _ = rm.step(s, rm.Polled(cid, 0.5), cfg, limits)
+        s, _ = rm.step_in_place(s, rm.Joined(cid, 0.5), cfg, limits)
+        s, _ = rm.step_in_place(s, rm.Polled(cid, 0.5), cfg, limits)
     for t in (1.0, 2.0):
-        s, _ = rm.step(s, rm.Tick(t, frozenset({"h0", "h1"})), cfg, limits)
+        s, _ = rm.step_in_place(s, rm.Tick(t, frozenset({"h0", "h1"})), cfg, limits)
         assert s.phase == rm.TRAINING and s.attempt == 0
     # 3 s after the start the selected ids have not come for their task: not waited for, not ready; the other
     # fakes' one poll is older than the grace: the re-run selects the honest clients.
-    s, events = rm.step(s, rm.Tick(3.5, frozenset({"h0", "h1"})), cfg, limits)
+    s, events = rm.step_in_place(s, rm.Tick(3.5, frozenset({"h0", "h1"})), cfg, limits)
     assert any(isinstance(e, rm.RoundAbandoned) for e in events)
     assert s.phase == rm.TRAINING and s.attempt == 1 and sorted(s.selected) == ["h0", "h1"]
     assert s.available_ids() == ["h0", "h1"]
@@ -157,7 +157,7 @@ def test_poll_grace_neither_selects_nor_waits_for_silent_ids() -> None:
     off = rm.Limits(heartbeat_patience_s=30.0)
     s2 = rm.RoundState()
     for cid in ("fake-a", "fake-b"):
-        s2, _ = rm.step(s2, rm.Joined(cid, 0.0), cfg, off)
-        s2, _ = rm.step(s2, rm.Polled(cid, 0.0), cfg, off)
-    s2, _ = rm.step(s2, rm.Tick(20.0), cfg, off)
+        s2, _ = rm.step_in_place(s2, rm.Joined(cid, 0.0), cfg, off)
+        s2, _ = rm.step_in_place(s2, rm.Polled(cid, 0.0), cfg, off)
+    s2, _ = rm.step_in_place(s2, rm.Tick(20.0), cfg, off)
     assert s2.phase == rm.TRAINING and s2.attempt == 0

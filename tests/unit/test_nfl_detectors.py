@@ -91,9 +91,9 @@ def test_nr_zero_reports_at_the_first_negative_round() -> None:
 def test_beta_hat_is_the_mean_of_the_last_c_medians_fewer_at_the_start() -> None:
     cfg = NflConfig(detector="beta_hat", nr=100, c=3)
     s, _ = _betas(cfg, [3, -6, 0, 9, 3])
-    assert [h.beta_hat for h in s.history] == [3.0, -1.5, -1.0, 1.0, 4.0]
+    assert [h.beta_hat_avg for h in s.history] == [3.0, -1.5, -1.0, 1.0, 4.0]
     assert [h.median for h in s.history] == [3.0, -6.0, 0.0, 9.0, 3.0]
-    assert s.medians == [0.0, 9.0, 3.0] and s.beta_hat == 4.0
+    assert s.medians == [0.0, 9.0, 3.0] and s.beta_hat_avg == 4.0
     assert s.count == 2  # rounds 2 and 3
 
 
@@ -102,7 +102,7 @@ def test_the_negative_count_follows_the_running_beta_hat_not_the_round_median() 
     s, _ = _betas(cfg, [4, -1, -1, 1, -4, 1])
     # β̂: 4, 1.5, -1, 0, -1.5, -1.5: negative in rounds 3, 5 and 6 (round 2's negative median is outweighed,
     # round 6's positive median is not; β̂ = 0 is not negative)
-    assert [h.beta_hat for h in s.history] == [4.0, 1.5, -1.0, 0.0, -1.5, -1.5]
+    assert [h.beta_hat_avg for h in s.history] == [4.0, 1.5, -1.0, 0.0, -1.5, -1.5]
     assert s.count == 3
 
 
@@ -157,8 +157,8 @@ def test_always_recover_and_off_never_detect_but_still_track(mode: str, detector
     s, ev = _feed(cfg, [(-1.0, 2.0)] * 5 + [(3.0, 0.0)] * 5)
     assert ev == []
     assert s.recovery == (mode == ALWAYS_RECOVER) and not s.reported and s.count == 0
-    assert s.beta_hat == 3.0 and s.delta == 0.0 and len(s.history) == 10
-    assert [h.beta_hat for h in s.history][:6] == [-1.0] * 5 + [1.0]
+    assert s.beta_hat_avg == 3.0 and s.delta == 0.0 and len(s.history) == 10
+    assert [h.beta_hat_avg for h in s.history][:6] == [-1.0] * 5 + [1.0]
     assert all(h.recovery == (mode == ALWAYS_RECOVER) for h in s.history)
 
 
@@ -375,3 +375,24 @@ def test_config_loads_from_a_table_with_field_paths() -> None:
     with pytest.raises(ConfigError) as e:
         from_dict(NflConfig, {"n_r": 3}, "nfl")
     assert e.value.field == "nfl.n_r"
+
+
+def test_a_state_saved_before_beta_hat_avg_had_its_name_loads() -> None:
+    # snapshots written before the running mean was named beta_hat_avg hold it as "beta_hat"
+    cfg = fitted(NflConfig(), 150)
+    s, _ = step(init(cfg), NflObservation(1, -0.5), cfg)
+    d = s.to_dict()
+    d["beta_hat"] = d.pop("beta_hat_avg")
+    d["history"] = [{("beta_hat" if k == "beta_hat_avg" else k): v for k, v in h.items()} for h in d["history"]]
+    old = NflState.from_dict(d)
+    assert old == s and old.beta_hat_avg == -0.5 and old.history[0].beta_hat_avg == -0.5
+
+
+def test_step_leaves_the_state_it_was_given_as_it_was() -> None:
+    cfg = fitted(NflConfig(detector="beta_hat", nr=0, c=2), 150)
+    s0 = init(cfg)
+    s1, ev1 = step(s0, NflObservation(1, -0.5), cfg)
+    assert s0 == init(cfg) and s1 is not s0 and ev1 and s1.reported  # NR = 0: reported at the first negative round
+    before = NflState.from_dict(s1.to_dict())
+    s2, _ = step(s1, NflObservation(2, 0.25), cfg)
+    assert s1 == before and s2.medians == [-0.5, 0.25] and s1.medians == [-0.5]

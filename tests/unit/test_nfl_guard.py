@@ -79,9 +79,9 @@ def test_warmup_skips_w_observed_rounds_then_restarts_the_window() -> None:
     cfg = NflConfig(detector="beta_hat_warmup", nr=1, c=3, detector_options={"warmup": 2})
     s, ev = _betas(cfg, [-1.0, None, -1.0])  # the missing round is not an observation: 2 observed, still warming up
     assert ev == [] and s.armed_round is None and s.startup_seen == 2 and s.count == 0
-    assert s.medians == [-1.0, -1.0] and s.beta_hat == -1.0  # the common window still tracks them until arming
+    assert s.medians == [-1.0, -1.0] and s.beta_hat_avg == -1.0  # the common window still tracks them until arming
     s, ev = _betas(cfg, [0.5], s, first_round=4)
-    assert s.armed_round == 4 and s.medians == [0.5] and s.beta_hat == 0.5 and s.count == 0 and ev == []
+    assert s.armed_round == 4 and s.medians == [0.5] and s.beta_hat_avg == 0.5 and s.count == 0 and ev == []
     s, ev = _betas(cfg, [-0.75, -0.5], s, first_round=5)
     # β̂ after round 5: (0.5 - 0.75)/2 = -0.125 (count 1); after round 6: (0.5 - 0.75 - 0.5)/3 = -0.25 -> count 2 > 1
     assert ev == [NflEvent(REPORTED, 6, -0.25, 2, "beta_hat_warmup")] and s.reported and s.recovery

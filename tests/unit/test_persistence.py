@@ -233,8 +233,8 @@ def test_a_snapshot_reuses_the_registrys_text_until_a_join_changes_it(tmp_path: 
         cid = f"c{i % 7}"
         if i % 5 == 0:  # a new client (some with a record's defaults), or a re-join with other samples or flags
             joined = rm.Joined(cid, float(i), num_samples=10 + i % 3 if i % 4 else 0, opt_out=i % 10 == 0 and i > 30)
-            s, _ = rm.step(s, joined, rounds_cfg, limits)
-        s, _ = rm.step(s, rm.Polled(cid, float(i)), rounds_cfg, limits)
+            s, _ = rm.step_in_place(s, joined, rounds_cfg, limits)
+        s, _ = rm.step_in_place(s, rm.Polled(cid, float(i)), rounds_cfg, limits)
         body = {"round_state": s.to_saved(), "slots": {"detector": {"n": 1}}}
         before = p._registry
         assert p.state_text(s, body) == json.dumps(body), i

@@ -15,13 +15,13 @@ LIMITS = rm.Limits(heartbeat_patience_s=30.0)
 def _machine(n_clients: int, cfg: RoundsConfig, now: float = 0.0) -> rm.RoundState:
     s = rm.RoundState(phase_since=now)
     for i in range(n_clients):
-        s, _ = rm.step(s, rm.Joined(f"c{i}", now, num_samples=10), cfg, LIMITS)
-        s, _ = rm.step(s, rm.Polled(f"c{i}", now), cfg, LIMITS)
+        s, _ = rm.step_in_place(s, rm.Joined(f"c{i}", now, num_samples=10), cfg, LIMITS)
+        s, _ = rm.step_in_place(s, rm.Polled(f"c{i}", now), cfg, LIMITS)
     return s
 
 
 def _events(s: rm.RoundState, obs: rm.Observation, cfg: RoundsConfig) -> list[rm.Event]:
-    _, ev = rm.step(s, obs, cfg, LIMITS)
+    _, ev = rm.step_in_place(s, obs, cfg, LIMITS)
     return ev
 
 
@@ -29,11 +29,11 @@ def test_round_starts_when_enough_clients_are_available() -> None:
     cfg = RoundsConfig(num_rounds=2, clients_per_round=3)
     s = rm.RoundState()
     for c in "abc":
-        s, ev = rm.step(s, rm.Joined(c, 0.0), cfg, LIMITS)
-    s, ev = rm.step(s, rm.Polled("a", 0.0), cfg, LIMITS)
-    s, ev = rm.step(s, rm.Polled("b", 0.0), cfg, LIMITS)
+        s, ev = rm.step_in_place(s, rm.Joined(c, 0.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Polled("a", 0.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Polled("b", 0.0), cfg, LIMITS)
     assert s.phase == rm.SAMPLING and ev == []  # c joined but is still preparing: not selectable yet
-    s, ev = rm.step(s, rm.Polled("c", 1.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Polled("c", 1.0), cfg, LIMITS)
     assert s.phase == rm.TRAINING
     assert ev == [rm.RoundStarted(1, 0, ("a", "b", "c"), 1.0 + cfg.round_timeout_s)]
 
@@ -57,12 +57,12 @@ def test_first_k_updates_close_the_round_and_late_ones_are_refused() -> None:
     s = _machine(4, cfg)
     assert len(s.selected) == 4
     first, second, late = s.selected[0], s.selected[1], s.selected[2]
-    s, ev = rm.step(s, rm.UpdateAccepted(first, 1, 1.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.UpdateAccepted(first, 1, 1.0), cfg, LIMITS)
     assert ev == [] and s.phase == rm.TRAINING
-    s, ev = rm.step(s, rm.UpdateAccepted(second, 1, 2.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.UpdateAccepted(second, 1, 2.0), cfg, LIMITS)
     assert ev == [rm.RoundClosed(1, (first, second), "quorum")]
     assert rm.admission(s, late, 1) == "round 1 is closed"
-    s, ev = rm.step(s, rm.Aggregated(1, 3.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Aggregated(1, 3.0), cfg, LIMITS)
     assert s.round == 2 and s.phase == rm.TRAINING
     assert isinstance(ev[0], rm.RoundStarted) and ev[0].round == 2
     assert rm.admission(s, late, 1) == "update for round 1, but the current round is 2"
@@ -74,20 +74,20 @@ def test_admission_refuses_unselected_and_duplicate_updates() -> None:
     outsider = next(c for c in ["c0", "c1", "c2"] if c not in s.selected)
     assert rm.admission(s, outsider, 1) == "client was not selected for round 1"
     c = s.selected[0]
-    s, _ = rm.step(s, rm.UpdateAccepted(c, 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted(c, 1, 1.0), cfg, LIMITS)
     assert "already accepted" in (rm.admission(s, c, 1) or "")
 
 
 def test_deadline_with_enough_updates_aggregates_otherwise_the_round_is_rerun() -> None:
     cfg = RoundsConfig(num_rounds=2, clients_per_round=3, min_updates=2, round_timeout_s=10.0)
     s = _machine(3, cfg)
-    s, _ = rm.step(s, rm.UpdateAccepted(s.selected[0], 1, 1.0), cfg, LIMITS)
-    s, ev = rm.step(s, rm.Tick(10.5), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted(s.selected[0], 1, 1.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Tick(10.5), cfg, LIMITS)
     assert ev[0] == rm.RoundAbandoned(1, 0, 1, 2)
     assert s.round == 1 and s.attempt == 1 and s.phase == rm.TRAINING  # re-run at once with a fresh draw
-    s, _ = rm.step(s, rm.UpdateAccepted(s.selected[0], 1, 11.0), cfg, LIMITS)
-    s, _ = rm.step(s, rm.UpdateAccepted(s.selected[1], 1, 12.0), cfg, LIMITS)
-    s, ev = rm.step(s, rm.Tick(21.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted(s.selected[0], 1, 11.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted(s.selected[1], 1, 12.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Tick(21.0), cfg, LIMITS)
     assert ev == [rm.RoundClosed(1, tuple(s.accepted), "deadline")]
 
 
@@ -95,28 +95,28 @@ def test_rejected_and_dead_clients_do_not_hold_a_round() -> None:
     cfg = RoundsConfig(num_rounds=1, clients_per_round=3, min_updates=1)
     s = _machine(3, cfg)
     a, b, c = s.selected
-    s, _ = rm.step(s, rm.UpdateAccepted(a, 1, 1.0), cfg, LIMITS)
-    s, _ = rm.step(s, rm.UpdateRejected(b, 1, "bad tensor", 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted(a, 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateRejected(b, 1, "bad tensor", 1.0), cfg, LIMITS)
     assert s.rejected_in_round == 1 and s.rejected_total == 1
-    s, ev = rm.step(s, rm.Left(c, 2.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Left(c, 2.0), cfg, LIMITS)
     assert ev == [rm.RoundClosed(1, (a,), "all_responded")]
 
 
 def test_silent_clients_are_dropped_on_tick_and_come_back_on_join() -> None:
     cfg = RoundsConfig(num_rounds=1, clients_per_round=2)
     s = _machine(2, cfg)
-    s, _ = rm.step(s, rm.Seen("c0", 25.0), cfg, LIMITS)
-    s, ev = rm.step(s, rm.Tick(31.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Seen("c0", 25.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Tick(31.0), cfg, LIMITS)
     assert rm.ClientDropped("c1", 31.0) in ev
     assert s.alive_ids() == ["c0"]
-    s, _ = rm.step(s, rm.Joined("c1", 32.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Joined("c1", 32.0), cfg, LIMITS)
     assert s.alive_ids() == ["c0", "c1"] and s.available_ids() == ["c0", "c1"]
 
 
 def test_sampling_timeout_stalls_the_federation_instead_of_waiting_forever() -> None:
     cfg = RoundsConfig(num_rounds=1, clients_per_round=5, min_updates=2, sampling_timeout_s=60.0)
     s = _machine(1, cfg)
-    s, ev = rm.step(s, rm.Tick(61.0), cfg, rm.Limits(heartbeat_patience_s=100.0))
+    s, ev = rm.step_in_place(s, rm.Tick(61.0), cfg, rm.Limits(heartbeat_patience_s=100.0))
     assert s.phase == rm.FINISHED and s.outcome == "stalled"
     assert ev == [rm.FederationFinished(0, "stalled")]
 
@@ -125,15 +125,15 @@ def test_sampling_timeout_starts_a_smaller_round_when_min_updates_are_there() ->
     cfg = RoundsConfig(num_rounds=1, clients_per_round=5, min_updates=2, sampling_timeout_s=60.0)
     s = _machine(3, cfg)
     assert s.phase == rm.SAMPLING
-    s, ev = rm.step(s, rm.Tick(61.0), cfg, rm.Limits(heartbeat_patience_s=100.0))
+    s, ev = rm.step_in_place(s, rm.Tick(61.0), cfg, rm.Limits(heartbeat_patience_s=100.0))
     assert isinstance(ev[0], rm.RoundStarted) and len(ev[0].selected) == 3
 
 
 def test_last_round_finishes_the_federation() -> None:
     cfg = RoundsConfig(num_rounds=1, clients_per_round=1)
     s = _machine(1, cfg)
-    s, _ = rm.step(s, rm.UpdateAccepted("c0", 1, 1.0), cfg, LIMITS)
-    s, ev = rm.step(s, rm.Aggregated(1, 2.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted("c0", 1, 1.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Aggregated(1, 2.0), cfg, LIMITS)
     assert ev == [rm.FederationFinished(1, "completed")]
     assert s.completed_rounds == 1
     assert rm.admission(s, "c0", 1) == "the federation has finished"
@@ -142,7 +142,7 @@ def test_last_round_finishes_the_federation() -> None:
 def test_state_serializes_to_json_and_back() -> None:
     cfg = RoundsConfig(num_rounds=3, clients_per_round=2)
     s = _machine(3, cfg)
-    s, _ = rm.step(s, rm.UpdateAccepted(s.selected[0], 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted(s.selected[0], 1, 1.0), cfg, LIMITS)
     again = rm.RoundState.from_dict(json.loads(json.dumps(s.to_dict())))
     assert again == s
 
@@ -155,9 +155,9 @@ def test_same_observations_give_same_events(seed: int) -> None:
         s = _machine(6, cfg)
         log = [tuple(s.selected)]
         for r in (1, 2):
-            s, _ = rm.step(s, rm.UpdateAccepted(s.selected[0], r, r), cfg, LIMITS)
-            s, _ = rm.step(s, rm.UpdateAccepted(s.selected[1], r, r), cfg, LIMITS)
-            s, _ = rm.step(s, rm.Aggregated(r, r + 0.5), cfg, LIMITS)
+            s, _ = rm.step_in_place(s, rm.UpdateAccepted(s.selected[0], r, r), cfg, LIMITS)
+            s, _ = rm.step_in_place(s, rm.UpdateAccepted(s.selected[1], r, r), cfg, LIMITS)
+            s, _ = rm.step_in_place(s, rm.Aggregated(r, r + 0.5), cfg, LIMITS)
             log.append(tuple(s.selected))
         runs.append(log)
     assert runs[0] == runs[1]
@@ -166,10 +166,10 @@ def test_same_observations_give_same_events(seed: int) -> None:
 def test_failed_aggregation_reruns_the_round() -> None:
     cfg = RoundsConfig(num_rounds=2, clients_per_round=2, min_updates=2)
     s = _machine(2, cfg)
-    s, _ = rm.step(s, rm.UpdateAccepted("c0", 1, 1.0), cfg, LIMITS)
-    s, _ = rm.step(s, rm.UpdateAccepted("c1", 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted("c0", 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted("c1", 1, 1.0), cfg, LIMITS)
     assert s.phase == rm.AGGREGATING
-    s, ev = rm.step(s, rm.AggregationFailed(1, "krum needs more updates", 2.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.AggregationFailed(1, "krum needs more updates", 2.0), cfg, LIMITS)
     assert ev[0] == rm.RoundAbandoned(1, 0, 2, 2, "krum needs more updates")
     assert isinstance(ev[1], rm.RoundStarted) and ev[1].round == 1 and ev[1].attempt == 1
     assert s.round == 1 and s.phase == rm.TRAINING
@@ -178,10 +178,10 @@ def test_failed_aggregation_reruns_the_round() -> None:
 def test_connected_clients_are_not_dropped_and_contact_revives() -> None:
     cfg = RoundsConfig(num_rounds=1, clients_per_round=3)
     s = _machine(2, cfg)
-    s, ev = rm.step(s, rm.Tick(100.0, connected=frozenset({"c0"})), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Tick(100.0, connected=frozenset({"c0"})), cfg, LIMITS)
     assert ev == [rm.ClientDropped("c1", 100.0)]
     assert s.alive_ids() == ["c0"]
-    s, _ = rm.step(s, rm.Seen("c1", 101.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Seen("c1", 101.0), cfg, LIMITS)
     assert s.alive_ids() == ["c0", "c1"]
 
 
@@ -197,10 +197,10 @@ def test_resume_from_a_completed_round_moves_to_the_next_round_with_the_same_sel
     s = _machine(4, cfg)
     assert s.phase == rm.TRAINING and s.round == 1
     for c in list(s.selected):
-        s, _ = rm.step(s, rm.UpdateAccepted(c, 1, 1.0), cfg, LIMITS)
+        s, _ = rm.step_in_place(s, rm.UpdateAccepted(c, 1, 1.0), cfg, LIMITS)
     assert s.phase == rm.AGGREGATING
     saved = _through_json(s)  # the snapshot of round 1, taken while it aggregates
-    s, _ = rm.step(s, rm.Aggregated(1, 2.0), cfg, LIMITS)  # the uninterrupted run goes on
+    s, _ = rm.step_in_place(s, rm.Aggregated(1, 2.0), cfg, LIMITS)  # the uninterrupted run goes on
     assert s.phase == rm.TRAINING and s.round == 2
     uninterrupted_selection = list(s.selected)
 
@@ -211,15 +211,15 @@ def test_resume_from_a_completed_round_moves_to_the_next_round_with_the_same_sel
     assert sorted(r.clients) == ["c0", "c1", "c2", "c3"] and not any(c.alive or c.ready for c in r.clients.values())
     assert [c.index for c in r.clients.values()] == [0, 1, 2, 3]
     for i in range(4):
-        r, _ = rm.step(r, rm.Joined(f"c{i}", 501.0, num_samples=10), cfg, LIMITS)
-        r, _ = rm.step(r, rm.Polled(f"c{i}", 501.0), cfg, LIMITS)
+        r, _ = rm.step_in_place(r, rm.Joined(f"c{i}", 501.0, num_samples=10), cfg, LIMITS)
+        r, _ = rm.step_in_place(r, rm.Polled(f"c{i}", 501.0), cfg, LIMITS)
     assert r.phase == rm.TRAINING and r.selected == uninterrupted_selection
 
 
 def test_resume_re_runs_an_in_flight_round_with_its_attempt_counter() -> None:
     cfg = RoundsConfig(num_rounds=5, clients_per_round=2, round_timeout_s=10.0)
     s = _machine(3, cfg)
-    s, ev = rm.step(s, rm.Tick(11.0, frozenset({"c0", "c1", "c2"})), cfg, LIMITS)  # attempt 0 times out
+    s, ev = rm.step_in_place(s, rm.Tick(11.0, frozenset({"c0", "c1", "c2"})), cfg, LIMITS)  # attempt 0 times out
     assert any(isinstance(e, rm.RoundAbandoned) for e in ev) and s.attempt == 1 and s.phase == rm.TRAINING
     progress = _through_json(s)
     r = rm.resume(progress, completed_rounds=0, config=cfg, now=0.0)
@@ -229,7 +229,7 @@ def test_resume_re_runs_an_in_flight_round_with_its_attempt_counter() -> None:
 def test_resume_of_a_finished_federation_stays_finished_unless_more_rounds_are_asked() -> None:
     cfg = RoundsConfig(num_rounds=1, clients_per_round=1)
     s = _machine(1, cfg)
-    s, _ = rm.step(s, rm.UpdateAccepted("c0", 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted("c0", 1, 1.0), cfg, LIMITS)
     saved = _through_json(s)
     done = rm.resume(_through_json(saved), completed_rounds=1, config=cfg, now=0.0)
     assert done.phase == rm.FINISHED and done.outcome == "completed" and done.completed_rounds == 1
@@ -260,13 +260,13 @@ def test_a_lost_client_closes_the_round_and_is_not_waited_for_afterwards() -> No
     assert s.assembled and s.phase == rm.TRAINING
     lost = s.selected[2]
     for i, c in enumerate(s.selected[:2]):
-        s, _ = rm.step(s, rm.UpdateAccepted(c, 1, 10.0 + i), cfg, LIMITS)
-        s, _ = rm.step(s, rm.Polled(c, 11.0 + i), cfg, LIMITS)
+        s, _ = rm.step_in_place(s, rm.UpdateAccepted(c, 1, 10.0 + i), cfg, LIMITS)
+        s, _ = rm.step_in_place(s, rm.Polled(c, 11.0 + i), cfg, LIMITS)
     assert s.phase == rm.TRAINING  # the lost client is still within its heartbeat patience
-    s, ev = rm.step(s, rm.Tick(31.0), cfg, LIMITS)  # silent for 31 s > 30 s: dropped
+    s, ev = rm.step_in_place(s, rm.Tick(31.0), cfg, LIMITS)  # silent for 31 s > 30 s: dropped
     assert rm.ClientDropped(lost, 31.0) in ev
     assert rm.RoundClosed(1, tuple(s.accepted), "all_responded") in ev
-    s, ev = rm.step(s, rm.Aggregated(1, 32.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Aggregated(1, 32.0), cfg, LIMITS)
     # the next round starts at once with the two live clients instead of waiting for K = 3 (or stalling)
     assert rm.start_needs(s, cfg) == 2
     assert ev == [rm.RoundStarted(2, 0, tuple(sorted(c for c in ["c0", "c1", "c2"] if c != lost)), 132.0)]
@@ -276,7 +276,7 @@ def test_the_first_round_waits_for_the_whole_fleet_to_assemble() -> None:
     cfg = RoundsConfig(num_rounds=1, clients_per_round=3)
     s = _machine(2, cfg)  # two of three ready: min_updates (2) is there, but the fleet has not assembled
     assert s.phase == rm.SAMPLING and not s.assembled and rm.start_needs(s, cfg) == 3
-    s, _ = rm.step(s, rm.Tick(5.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Tick(5.0), cfg, LIMITS)
     assert s.phase == rm.SAMPLING
 
 
@@ -284,14 +284,14 @@ def test_a_live_client_still_preparing_is_waited_for() -> None:
     cfg = RoundsConfig(num_rounds=2, clients_per_round=2)
     s = _machine(2, cfg)
     for c in s.selected:
-        s, _ = rm.step(s, rm.UpdateAccepted(c, 1, 1.0), cfg, LIMITS)
-    s, _ = rm.step(s, rm.Seen("c0", 20.0), cfg, LIMITS)
-    s, ev = rm.step(s, rm.Tick(31.5), cfg, LIMITS)  # c1 lost while the round aggregates
+        s, _ = rm.step_in_place(s, rm.UpdateAccepted(c, 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Seen("c0", 20.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Tick(31.5), cfg, LIMITS)  # c1 lost while the round aggregates
     assert rm.ClientDropped("c1", 30.5) in ev
-    s, _ = rm.step(s, rm.Joined("c9", 32.0), cfg, LIMITS)  # a new client: alive, still preparing
-    s, ev = rm.step(s, rm.Aggregated(1, 33.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Joined("c9", 32.0), cfg, LIMITS)  # a new client: alive, still preparing
+    s, ev = rm.step_in_place(s, rm.Aggregated(1, 33.0), cfg, LIMITS)
     assert s.phase == rm.SAMPLING and ev == [] and rm.start_needs(s, cfg) == 2
-    s, ev = rm.step(s, rm.Polled("c9", 40.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Polled("c9", 40.0), cfg, LIMITS)
     assert isinstance(ev[0], rm.RoundStarted) and ev[0].selected == ("c0", "c9")
 
 
@@ -307,13 +307,14 @@ def test_late_uploads_are_counted_apart_from_other_refusals() -> None:
     cfg = RoundsConfig(num_rounds=2, clients_per_round=1, over_select=2.0, min_available=2)
     s = _machine(2, cfg)
     first, late = s.selected
-    s, _ = rm.step(s, rm.UpdateAccepted(first, 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted(first, 1, 1.0), cfg, LIMITS)
     assert s.phase == rm.AGGREGATING
-    s, _ = rm.step(s, rm.UpdateRejected(late, 1, "round 1 is closed", 2.0), cfg, LIMITS)
-    s, _ = rm.step(s, rm.Aggregated(1, 3.0), cfg, LIMITS)
-    s, _ = rm.step(s, rm.UpdateRejected(late, 1, "update for round 1, but the current round is 2", 4.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateRejected(late, 1, "round 1 is closed", 2.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Aggregated(1, 3.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateRejected(late, 1, "update for round 1, but the current round is 2", 4.0), cfg,
+                            LIMITS)
     chosen = s.selected[0]
-    s, _ = rm.step(s, rm.UpdateRejected(chosen, 2, "bad tensor", 5.0), cfg, LIMITS)  # on time: not late
+    s, _ = rm.step_in_place(s, rm.UpdateRejected(chosen, 2, "bad tensor", 5.0), cfg, LIMITS)  # on time: not late
     assert s.late_total == 2 and s.rejected_total == 3
     assert rm.RoundState.from_dict(s.to_dict()).late_total == 2
 
@@ -324,7 +325,7 @@ def test_a_snapshot_keeps_what_a_restart_keeps_and_old_snapshots_still_load() ->
     cfg = RoundsConfig(num_rounds=3, clients_per_round=2)
     s = _machine(4, cfg)
     s.clients["c1"].opt_out, s.clients["c2"].attacker, s.clients["c3"].num_samples = True, True, 77
-    s, _ = rm.step(s, rm.UpdateAccepted(s.selected[0], 1, 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted(s.selected[0], 1, 1.0), cfg, LIMITS)
     saved = json.loads(json.dumps(s.to_saved()))
     assert saved["clients"][3] == ["c3", 3, 77, False, False]
     assert {k: v for k, v in saved.items() if k != "clients"} == {
@@ -345,7 +346,7 @@ def test_to_dict_equals_asdict_and_copies_what_it_returns() -> None:
 
     cfg = RoundsConfig(num_rounds=2, clients_per_round=2)
     s = _machine(3, cfg)
-    s, _ = rm.step(s, rm.UpdateRejected(s.selected[0], 1, "bad", 1.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateRejected(s.selected[0], 1, "bad", 1.0), cfg, LIMITS)
     d = s.to_dict()
     assert d == {k: v for k, v in dataclasses.asdict(s).items() if k not in rm.DERIVED_FIELDS}
     d["clients"]["c0"]["alive"] = False
@@ -389,7 +390,7 @@ def _random_history(s: rm.RoundState, seed: int, steps: int, mean_gap_s: float, 
     tuple[str, rm.Observation, float]
 ]:
     """(client, observation, now) of a seeded random history over ``s``, which the caller steps in place between
-    them (``rm.step`` updates the state it is given); ends early once the federation finished."""
+    them (``rm.step_in_place`` updates the state it is given); ends early once the federation finished."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -410,7 +411,7 @@ def test_counts_kept_by_step_equal_a_fresh_count_through_a_random_history() -> N
     limits = rm.Limits(heartbeat_patience_s=3.0, poll_grace_s=1.0)
     s, kept = rm.RoundState(), 0
     for _, obs, _ in _random_history(s, seed=7, steps=3000, mean_gap_s=0.2, clients=12):
-        rm.step(s, obs, cfg, limits)
+        rm.step_in_place(s, obs, cfg, limits)
         if s.counts is not None:
             kept += 1
             assert s.counts == _fresh_counts(s), (obs, s.counts)
@@ -424,13 +425,13 @@ def test_joins_keep_the_counts_instead_of_counting_the_fleet() -> None:
     made a 10,000-client fleet's joins cost 10^8 record visits)."""
     cfg = RoundsConfig(num_rounds=1, clients_per_round=10, min_available=2000)
     s = rm.RoundState()
-    s, _ = rm.step(s, rm.Tick(0.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Tick(0.0), cfg, LIMITS)
     assert s.counts == (0, 0)
     for i in range(1500):
-        s, _ = rm.step(s, rm.Joined(f"c{i}", 0.1), cfg, LIMITS)
-        s, _ = rm.step(s, rm.Polled(f"c{i}", 0.2), cfg, LIMITS)
+        s, _ = rm.step_in_place(s, rm.Joined(f"c{i}", 0.1), cfg, LIMITS)
+        s, _ = rm.step_in_place(s, rm.Polled(f"c{i}", 0.2), cfg, LIMITS)
     assert s.counts == (1500, 1500) == _fresh_counts(s)
-    s, _ = rm.step(s, rm.Left("c3", 0.3), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.Left("c3", 0.3), cfg, LIMITS)
     assert s.counts == (1499, 1499)
     assert rm.RoundState.from_dict(s.to_dict()).counts is None  # derived: never saved, counted afresh
 
@@ -438,9 +439,9 @@ def test_joins_keep_the_counts_instead_of_counting_the_fleet() -> None:
 def test_a_tick_without_liveness_drops_no_one() -> None:
     cfg = RoundsConfig(num_rounds=1, clients_per_round=2, min_available=3)
     s = _machine(2, cfg)
-    s, ev = rm.step(s, rm.Tick(100.0, liveness=False), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Tick(100.0, liveness=False), cfg, LIMITS)
     assert not any(isinstance(e, rm.ClientDropped) for e in ev) and all(c.alive for c in s.clients.values())
-    s, ev = rm.step(s, rm.Tick(100.0), cfg, LIMITS)
+    s, ev = rm.step_in_place(s, rm.Tick(100.0), cfg, LIMITS)
     assert sum(isinstance(e, rm.ClientDropped) for e in ev) == 2
 
 
@@ -458,7 +459,7 @@ def test_a_quiet_contact_skips_only_what_would_change_nothing() -> None:
         quiet = (isinstance(obs, rm.Seen | rm.Polled) and rec is not None and rec.alive
                  and (rec.ready or isinstance(obs, rm.Seen)))
         skip = quiet and rm._nothing_due(s, now, limits)
-        rm.step(s, obs, cfg, limits)
+        rm.step_in_place(s, obs, cfg, limits)
         if skip:
             skipped += 1
             again = copy.deepcopy(s)
@@ -490,8 +491,8 @@ def test_the_answered_clients_kept_by_step_decide_as_a_fresh_set_would() -> None
                    else rm.Declined(cid, now))
         before = kept.answered
         fresh.answered = None
-        _, ev_kept = rm.step(kept, obs, cfg, limits)
-        _, ev_fresh = rm.step(fresh, copy.deepcopy(obs), cfg, limits)
+        _, ev_kept = rm.step_in_place(kept, obs, cfg, limits)
+        _, ev_fresh = rm.step_in_place(fresh, copy.deepcopy(obs), cfg, limits)
         assert ev_kept == ev_fresh, obs
         assert kept.to_dict() == fresh.to_dict() and kept.graced == fresh.graced, obs
         a = kept.answered
@@ -523,10 +524,10 @@ def test_a_quiet_contact_takes_the_short_path_to_what_the_general_one_gives(monk
     for _, obs, _ in _random_history(short, seed=17, steps=5000, mean_gap_s=0.1, clients=10):
         contacts += isinstance(obs, rm.Seen | rm.Polled)
         taken += quiet_contact(short, obs, limits) is not None
-        _, ev_short = rm.step(short, obs, cfg, limits)
+        _, ev_short = rm.step_in_place(short, obs, cfg, limits)
         with monkeypatch.context() as m:
             m.setattr(rm, "_quiet_contact", lambda *_: None)
-            _, ev_general = rm.step(general, copy.deepcopy(obs), cfg, limits)
+            _, ev_general = rm.step_in_place(general, copy.deepcopy(obs), cfg, limits)
         assert ev_short == ev_general, obs
         assert short.to_dict() == general.to_dict(), obs
         assert (short.counts, short.graced) == (general.counts, general.graced), obs

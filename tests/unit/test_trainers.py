@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from fedcore.config import ConfigError, TrainingConfig
+from fedcore.nfl.measure import client_beta_hat, first_batch
 from fedcore.seeds import RoundSeeds, round_seeds
 from fedcore.train import train_local
 from fedcore.train.trainers import (
@@ -17,8 +18,6 @@ from fedcore.train.trainers import (
     FlGuardConfig,
     TrainerState,
     TrainerStateError,
-    beta_hat,
-    first_batch,
     frozen_layer_keys,
     inference_state,
     lambda_weight,
@@ -308,8 +307,8 @@ def test_beta_hat_by_hand() -> None:
     model = _linear([[1.0, 0.0], [0.0, 1.0]], [0.0, 0.0])  # predicts argmax of the input
     xb = torch.tensor([[2.0, 1.0], [0.0, 3.0], [1.0, 0.5], [4.0, 5.0]])
     yb = torch.tensor([0, 1, 1, 0])  # correct, correct, wrong, wrong
-    assert beta_hat(model, (xb, yb), 0.3) == pytest.approx(0.5 - 0.3)
-    assert beta_hat(model, (xb[:2], yb[:2]), 0.75) == pytest.approx(0.25)
+    assert client_beta_hat(model, (xb, yb), 0.3) == pytest.approx(0.5 - 0.3)
+    assert client_beta_hat(model, (xb[:2], yb[:2]), 0.75) == pytest.approx(0.25)
 
 
 def test_first_batch_is_train_locals_first_batch() -> None:
