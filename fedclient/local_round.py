@@ -149,8 +149,8 @@ class LocalRound:
     def recovering(self, fed: FederationInfo, recovery_flag: bool) -> tuple[bool, bool]:
         """(whether the client runs its recovery method given the task's flag and its individual state as it
         stands, whether its individual-level measure says so); never for an opt-out client or with NFL off."""
-        own = fed.nfl_mode == DETECT_AND_RECOVER and fed.nfl_c >= 1 and self._individual_state().adapting
-        return (recovery_flag or own) and not self.config.opt_out and fed.nfl_mode != "off", own
+        own = fed.nfl.mode == DETECT_AND_RECOVER and fed.nfl.c >= 1 and self._individual_state().adapting
+        return (recovery_flag or own) and not self.config.opt_out and fed.nfl.mode != "off", own
 
     def serves_adapted(self, has_adapted: bool, recovering: bool) -> bool:
         return infers_adapted(has_adapted, recovering, self.config.opt_out, self.config.infer_after_recovery)
@@ -201,7 +201,7 @@ class LocalRound:
             measured = client_beta_hat(infer, first_batch(data.x_train, data.y_train, fed.training.batch_size,
                                                    seeds.batches), private_accuracy)
         own = self._individual_step(fed, round_, measured, recovery_flag)
-        recovery = (recovery_flag or own) and not cfg.opt_out and fed.nfl_mode != "off"
+        recovery = (recovery_flag or own) and not cfg.opt_out and fed.nfl.mode != "off"
         res, tstate = self.trainer.train(model, tstate, train_data.x_train, train_data.y_train, fed.training, seeds,
                                          recovery=recovery, learning_rate=learning_rate,
                                          epochs=fed.training.local_epochs if local_epochs is None else local_epochs,
@@ -241,10 +241,10 @@ class LocalRound:
     def _individual_step(self, fed: FederationInfo, round_: int, measured: float | None,
                          system_flag: bool) -> bool:
         """FL-GUARD's individual-level measures; returns whether this client adapts on its own this round."""
-        if fed.nfl_mode != DETECT_AND_RECOVER or fed.nfl_c < 1:
+        if fed.nfl.mode != DETECT_AND_RECOVER or fed.nfl.c < 1:
             return False
         state = self._individual_state()
-        state, events = ind.step(state, ind.Observation(round_, measured, system_flag), fed.nfl_nr, fed.nfl_c,
+        state, events = ind.step(state, ind.Observation(round_, measured, system_flag), fed.nfl.nr, fed.nfl.c,
                                  self.config.opt_out)
         for ev in events:
             self.log.warning(ev.kind, client_id=self.client_id, round=ev.round, reason=ev.reason, scope=ev.scope)

@@ -28,7 +28,7 @@ from fedcore.distfl.config import DistflConfig
 from fedcore.errors import ConfigError as ConfigError  # re-exported: the old import path keeps working
 from fedcore.errors import require
 from fedcore.models import check_model_kwargs
-from fedcore.nfl.config import LEGACY_DETECTOR_OPTIONS, NflConfig, fitted
+from fedcore.nfl.config import LEGACY_DETECTOR_OPTIONS, OFF, NflConfig, NflSettings, fitted
 from fedcore.options import from_dict as from_dict  # re-exported
 from fedcore.options import to_dict as to_dict  # re-exported
 from fedcore.pipeline_config import PipelineConfig
@@ -275,12 +275,10 @@ class FederationInfo:
     data_options: dict[str, Any]
     num_rounds: int
     seed: int
-    nfl_mode: str = "off"
     # Largest chunk the server takes in an update stream (0: the default 1 MiB).
     chunk_bytes: int = 0
-    # FL-GUARD's NR and c, for the clients' individual-level measures (FL-GUARD §4.3).
-    nfl_nr: int = 50
-    nfl_c: int = 50
+    # The server's [nfl] mode, NR and c (FL-GUARD §4.3); an announcement without them: mode off.
+    nfl: NflSettings = field(default_factory=lambda: NflSettings(OFF, 0, 0))
     # The server's [recovery] method and options (a client's own ``trainer`` wins).
     recovery_method: str = "flguard"
     recovery_options: dict[str, Any] = field(default_factory=dict)

@@ -203,11 +203,10 @@ def check_announcement(fed: FederationInfo) -> None:
         raise TrustError("training", f"local_epochs ({t.local_epochs}) or batch_size ({t.batch_size}) out of range")
     if fed.chunk_bytes > MAX_CHUNK_BYTES:
         raise TrustError("chunk_bytes", f"{fed.chunk_bytes} exceeds {MAX_CHUNK_BYTES}")
-    for name in ("nfl_nr", "nfl_c", "num_rounds"):
-        if not 0 <= getattr(fed, name) <= 10_000_000:
-            raise TrustError(name, f"{getattr(fed, name)} out of range [0, 1e7]")
-    for name in ("federation_id", "nfl_mode"):
-        value = getattr(fed, name)
+    for name, number in (("nfl.nr", fed.nfl.nr), ("nfl.c", fed.nfl.c), ("num_rounds", fed.num_rounds)):
+        if not 0 <= number <= 10_000_000:
+            raise TrustError(name, f"{number} out of range [0, 1e7]")
+    for name, value in (("federation_id", fed.federation_id), ("nfl.mode", fed.nfl.mode)):
         if len(value) > 128 or not value.isprintable():
             raise TrustError(name, "must be at most 128 printable characters")
 

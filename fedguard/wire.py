@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from fedcore import rounds
 from fedcore.config import FederationInfo, TrainingConfig
+from fedcore.nfl import NflSettings
 from fedcore.report import DistflStatus, FederationStatus, NflStatus, RoundReport
 from fedcore.serialization import DEFAULT_CHUNK_BYTES, Payload, SerializationError, TensorMeta, iter_chunks
 from fedcore.update_report import UpdateReport, from_metrics_map
@@ -203,13 +204,22 @@ def training_from_pb(p: pb.TrainingConfig) -> TrainingConfig:
                           lr_decay=p.lr_decay or 1.0, grad_clip_norm=p.grad_clip_norm, prox_mu=p.prox_mu)
 
 
+def nfl_settings_to_pb(n: NflSettings) -> pb.NflSettings:
+    return pb.NflSettings(mode=n.mode, nr=n.nr, c=n.c)
+
+
+def nfl_settings_from_pb(p: pb.NflSettings) -> NflSettings:
+    return NflSettings(p.mode, int(p.nr), int(p.c))
+
+
 def federation_to_pb(f: FederationInfo) -> pb.FederationConfig:
     return pb.FederationConfig(
         federation_id=f.federation_id, model_name=f.model_name,
         model_kwargs_json=json.dumps(f.model_kwargs, sort_keys=True), model_fingerprint=f.model_fingerprint,
         model_spec=metas_to_pb(f.model_spec), training=training_to_pb(f.training), dataset=f.dataset,
         data_options_json=json.dumps(f.data_options, sort_keys=True), num_rounds=f.num_rounds, seed=f.seed,
-        nfl_mode=f.nfl_mode, chunk_bytes=f.chunk_bytes, nfl_nr=f.nfl_nr, nfl_c=f.nfl_c,
+        chunk_bytes=f.chunk_bytes, nfl=nfl_settings_to_pb(f.nfl),
+        nfl_mode=f.nfl.mode, nfl_nr=f.nfl.nr, nfl_c=f.nfl.c,  # the flat fields, for clients older than `nfl`
         recovery_method=f.recovery_method, recovery_options_json=json.dumps(f.recovery_options, sort_keys=True))
 
 
@@ -221,8 +231,9 @@ def federation_from_pb(p: pb.FederationConfig) -> FederationInfo:
         model_fingerprint=p.model_fingerprint, model_spec=tuple(metas_from_pb(p.model_spec)),
         training=training_from_pb(p.training), dataset=p.dataset,
         data_options=_json_object(p.data_options_json, "data_options_json"), num_rounds=int(p.num_rounds),
-        seed=int(p.seed), nfl_mode=p.nfl_mode, chunk_bytes=int(p.chunk_bytes),
-        nfl_nr=int(p.nfl_nr), nfl_c=int(p.nfl_c), recovery_method=p.recovery_method or "flguard",
+        seed=int(p.seed), chunk_bytes=int(p.chunk_bytes),
+        nfl=nfl_settings_from_pb(p.nfl) if p.HasField("nfl") else NflSettings(p.nfl_mode, int(p.nfl_nr), int(p.nfl_c)),
+        recovery_method=p.recovery_method or "flguard",
         recovery_options=_json_object(p.recovery_options_json, "recovery_options_json"))
 
 

@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from fedcore.config import FederationInfo, resolved_nfl
 from fedcore.data import remote_options
 from fedcore.identity import shorten
+from fedcore.nfl import NflSettings
 from fedcore.report import FederationStatus
 from fedcore.serialization import Reassembler, SerializationError
 from fedguard import wire
@@ -119,8 +120,8 @@ class FederationServicer:
             federation_id=cfg.server.federation_id, model_name=cfg.model.name, model_kwargs=cfg.model.kwargs,
             model_fingerprint=coordinator.fingerprint, model_spec=tuple(coordinator.manifest),
             training=cfg.training, dataset=cfg.data.dataset, data_options=announced,
-            num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed, nfl_mode=cfg.nfl.mode,
-            chunk_bytes=cfg.server.chunk_bytes, nfl_nr=nfl.nr or 0, nfl_c=nfl.c or 0,
+            num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed,
+            chunk_bytes=cfg.server.chunk_bytes, nfl=NflSettings(nfl.mode, nfl.nr or 0, nfl.c or 0),
             recovery_method=cfg.recovery.method, recovery_options=cfg.recovery.options))
 
     async def watch_revocations(self) -> None:

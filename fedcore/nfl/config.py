@@ -107,6 +107,17 @@ class NflConfig:
         return self
 
 
+@dataclass(frozen=True)
+class NflSettings:
+    """What a client learns of the server's ``[nfl]`` section at join (``FederationConfig.nfl``): the mode, and NR
+    and c as the server runs them (fitted to the run when ``[nfl]`` left them unset) for the clients'
+    individual-level measures (FL-GUARD §4.3)."""
+
+    mode: str
+    nr: int
+    c: int
+
+
 # fit_to_rounds: NR and c as a share of the run, bounded. The share is the one the project's tuned runs agree on:
 # the demo (40 rounds, NR = c = 5) and MNIST's paper-scale configs (150 rounds, 20), both 2/15 of the rounds; the
 # ceiling is the paper's own choice (FL-GUARD Table 3: 50 for 1,000 rounds, which the share would exceed); the floor

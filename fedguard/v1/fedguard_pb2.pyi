@@ -165,7 +165,7 @@ class TrainingConfig(_message.Message):
     def __init__(self, local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., lr_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ..., prox_mu: _Optional[float] = ...) -> None: ...
 
 class FederationConfig(_message.Message):
-    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode", "chunk_bytes", "nfl_nr", "nfl_c", "recovery_method", "recovery_options_json")
+    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode", "chunk_bytes", "nfl_nr", "nfl_c", "recovery_method", "recovery_options_json", "nfl")
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +182,7 @@ class FederationConfig(_message.Message):
     NFL_C_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_METHOD_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    NFL_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     model_name: str
     model_kwargs_json: str
@@ -198,7 +199,18 @@ class FederationConfig(_message.Message):
     nfl_c: int
     recovery_method: str
     recovery_options_json: str
-    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., nfl_nr: _Optional[int] = ..., nfl_c: _Optional[int] = ..., recovery_method: _Optional[str] = ..., recovery_options_json: _Optional[str] = ...) -> None: ...
+    nfl: NflSettings
+    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., nfl_nr: _Optional[int] = ..., nfl_c: _Optional[int] = ..., recovery_method: _Optional[str] = ..., recovery_options_json: _Optional[str] = ..., nfl: _Optional[_Union[NflSettings, _Mapping]] = ...) -> None: ...
+
+class NflSettings(_message.Message):
+    __slots__ = ("mode", "nr", "c")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    NR_FIELD_NUMBER: _ClassVar[int]
+    C_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    nr: int
+    c: int
+    def __init__(self, mode: _Optional[str] = ..., nr: _Optional[int] = ..., c: _Optional[int] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("session_id", "config", "heartbeat_interval_s", "client_index", "then_pull", "framed_port", "pushed_with_answer")

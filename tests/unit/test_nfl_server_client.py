@@ -17,7 +17,7 @@ from fedcore.config import ClientConfig, FederationInfo, TrainingConfig
 from fedcore.data import load_client_data
 from fedcore.log import get_logger
 from fedcore.models import build_model, model_manifest
-from fedcore.nfl import NflConfig
+from fedcore.nfl import NflConfig, NflSettings
 from fedcore.report import RoundReport
 from fedcore.train.trainers import TRAINER_STATE_FILE
 from fedcore.update_report import UpdateReport
@@ -105,7 +105,7 @@ def _fed(mode: str = "detect-and-recover", nr: int = 0, c: int = 2) -> Federatio
     model = build_model("mlp", {})
     return FederationInfo(federation_id="f", model_name="mlp", model_kwargs={}, model_fingerprint="",
                           model_spec=tuple(model_manifest(model)), training=TC, dataset="synthetic",
-                          data_options={}, num_rounds=10, seed=5, nfl_mode=mode, nfl_nr=nr, nfl_c=c)
+                          data_options={}, num_rounds=10, seed=5, nfl=NflSettings(mode, nr, c))
 
 
 def _round(local: LocalRound, fed: FederationInfo, start: dict[str, torch.Tensor], round_: int, flag: bool,

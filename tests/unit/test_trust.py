@@ -12,6 +12,7 @@ import pytest
 from fedcore.config import FederationInfo, TrainingConfig
 from fedcore.data import remote_options
 from fedcore.models import build_model, is_registered_model, model_manifest
+from fedcore.nfl import NflSettings
 from fedcore.trust import (
     TrustError,
     announced_data,
@@ -118,7 +119,8 @@ def test_json_values_are_plain_and_bounded() -> None:
 def test_announced_numbers_must_be_in_range() -> None:
     check_announcement(_fed())
     for fed in (_fed(training=TrainingConfig(learning_rate=math.nan)), _fed(training=TrainingConfig(batch_size=0)),
-                _fed(training=TrainingConfig(local_epochs=10**9)), _fed(chunk_bytes=1 << 40), _fed(nfl_nr=-1),
+                _fed(training=TrainingConfig(local_epochs=10**9)), _fed(chunk_bytes=1 << 40),
+                _fed(nfl=NflSettings("off", -1, 5)), _fed(nfl=NflSettings("off\x1b[2J", 5, 5)),
                 _fed(federation_id="x\x1b[2J")):
         with pytest.raises(TrustError):
             check_announcement(fed)

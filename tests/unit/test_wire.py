@@ -8,6 +8,7 @@ import math
 import pytest
 
 from fedcore.config import FederationInfo, TrainingConfig
+from fedcore.nfl import NflSettings
 from fedcore.report import DistflStatus, FederationStatus, NflStatus, RoundReport
 from fedcore.serialization import SerializationError, TensorMeta
 from fedguard import wire
@@ -69,9 +70,16 @@ def test_training_and_federation_round_trip() -> None:
     assert wire.training_from_pb(wire.training_to_pb(t)) == t
     f = FederationInfo(federation_id="f", model_name="mlp", model_kwargs={"hidden": [8]}, model_fingerprint="ab",
                        model_spec=(TensorMeta("w", "float32", (2, 3)),), training=t, dataset="synthetic",
-                       data_options={"alpha": 0.5}, num_rounds=4, seed=3, nfl_mode="detect-and-recover",
-                       chunk_bytes=4096, nfl_nr=7, nfl_c=9)
+                       data_options={"alpha": 0.5}, num_rounds=4, seed=3,
+                       chunk_bytes=4096, nfl=NflSettings("detect-and-recover", 7, 9))
     assert wire.federation_from_pb(wire.federation_to_pb(f)) == f
+    # the NFL settings in one message, and the flat fields beside it for older clients
+    p = wire.federation_to_pb(f)
+    assert (p.nfl.mode, p.nfl.nr, p.nfl.c) == ("detect-and-recover", 7, 9)
+    assert (p.nfl_mode, p.nfl_nr, p.nfl_c) == ("detect-and-recover", 7, 9)
+    # an older server sent only the flat fields: they are still read
+    p.ClearField("nfl")
+    assert wire.federation_from_pb(p).nfl == NflSettings("detect-and-recover", 7, 9)
 
 
 @pytest.mark.parametrize("raw", ["[1, 2]", "{not json"])
