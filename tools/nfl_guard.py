@@ -245,6 +245,8 @@ def agreement(runs: dict[tuple[str, str, int], RunData]) -> list[Agreement]:
             continue
         cfg = live_config(rd)
         live = next((int(r["round"]) for r in rd.rows if r.get("nfl") == "reported"), None)
+        if len(ref.rows) < (live or len(rd.rows)) + AGREEMENT_ROUNDS:
+            continue  # the FedAvg run has not reached the rounds that decide the comparison yet
         out.append(Agreement(env, seed, int(cfg.nr or 0), int(cfg.c or 0), cfg.detector, live,
                              replay(observations(ref.rows), cfg).report))
     return out

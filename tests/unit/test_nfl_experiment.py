@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tools import nfl_experiment as nx
+from tools import nfl_guard
 from tools.runs import RECORD, RunDirError, finished, read_record, run_state, start_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,3 +328,19 @@ def test_summarize_into_replaces_only_the_marked_block(tmp_path: Path) -> None:
     md.write_text("no markers\n")
     with pytest.raises(SystemExit, match="needs one"):
         nx.main(["summarize", str(tmp_path), "--into", str(md)])
+
+
+def test_the_cifar10_table_and_the_replay_agreement_are_recomputed_from_their_committed_rows() -> None:
+    """docs/results/nfl_paper_cifar.md (issue 49): the table, and each live detect run's report round against the
+    replay of the same seed's FedAvg run (within 2 rounds), from the committed per-round files."""
+    res = ROOT / "docs" / "results"
+    runs = res / "nfl_paper_cifar"
+    if not (res / "nfl_paper_cifar.md").exists() or not any(runs.glob("*.rounds.jsonl")):
+        pytest.skip("no CIFAR-10 paper-scale runs committed yet")
+    committed = _md_rows(res / "nfl_paper_cifar.md", "## The table")
+    assert committed and committed == _summary([runs])
+    doc = (res / "nfl_paper_cifar.md").read_text()
+    rows = nfl_guard.agreement(nfl_guard.load_runs([str(runs)]))
+    table = nfl_guard.agreement_table(rows)
+    assert table in doc
+    assert all(a.agrees for a in rows), table
