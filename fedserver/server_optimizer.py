@@ -31,6 +31,10 @@ class ServerOptimizerShell:
         self._saved_step = 0  # the step the snapshot's JSON part named, for its tensors
 
     def __call__(self, step: ModelStep) -> ModelStep:
+        if self.state is None and self._saved_step > 0:  # a snapshot named a step but held no moments: never guess
+            raise RuntimeError(f"server_optimizer: the snapshot resumed from is at step {self._saved_step} but holds "
+                               "no optimizer tensors; restore the run directory's state from a copy, or start over "
+                               "with --fresh")
         params = dict(step.previous)
         delta = {name: step.proposed[name] - x for name, x in params.items()}
         state = self.state if self.state is not None else self.optimizer.init(params)

@@ -12,9 +12,11 @@ import torch
 
 from fedcore.config import ConfigError
 from fedcore.report import RoundReport
+from fedcore.server_opt import make
 from fedserver.coordinator import Coordinator
 from fedserver.global_models import GlobalModels
 from fedserver.pipeline import DEFAULT_STAGES, Pipeline
+from fedserver.server_optimizer import ServerOptimizerShell
 from fedserver.stage import STAGES, ModelStep, ServerParts, Stage, register_stage
 from tests.integration.helpers import server_config
 
@@ -100,3 +102,23 @@ def test_report_stages_then_published_hooks_in_order() -> None:
     report = pipeline.complete(RoundReport(round=1))
     pipeline.publish(report)
     assert report.round == 20 and got == ["a20", "b20", "app20"]
+
+
+def test_the_server_optimizer_never_restarts_its_moments_silently() -> None:
+    models = GlobalModels({"w": torch.tensor([1.0, 2.0])})
+    shell = ServerOptimizerShell(make("fedadam"), models)
+    step = ModelStep(1, models.unflatten(models.flat()), {"w": torch.tensor([2.0, 2.0])})
+    out = shell(step)
+    saved, tensors = shell.save(), shell.save_tensors()
+    assert saved == {"optimizer": "fedadam", "step": 1} and sorted(tensors) == ["m/w", "v/w"]
+    again = ServerOptimizerShell(make("fedadam"), models)
+    again.load(saved)
+    again.load_tensors(tensors)
+    assert torch.equal(again(step).proposed["w"], shell(step).proposed["w"])  # the same state, the same step
+    lost = ServerOptimizerShell(make("fedadam"), models)
+    lost.load(saved)  # the JSON part names step 1, the tensors never came
+    with pytest.raises(RuntimeError, match="at step 1 but holds no optimizer tensors"):
+        lost(step)
+    with pytest.raises(ValueError, match="the snapshot's state is for 'fedyogi'"):
+        lost.load({"optimizer": "fedyogi", "step": 1})
+    assert out.metrics == {"server_opt_step": 1.0}
