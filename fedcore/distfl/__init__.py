@@ -10,8 +10,8 @@ sections (and SPEC §8) to functions:
 - §4.3 Distribution-based clustering: Eq. 5 :func:`responses` (softmax on the synthetic inputs), Eq. 6
   :func:`kl_matrix` (KL of the normalised concatenated responses = mean per-input KL), the threshold partition
   :func:`link_components` (:mod:`fedcore.distfl.similarity`); beyond the paper, an automatic τ
-  (``DistflConfig.threshold``: :func:`choose_threshold`, :func:`gap_threshold`, :func:`silhouette_threshold` on
-  the single-linkage merge heights :func:`single_link_merges`).
+  (``DistflConfig.threshold``: :func:`choose_threshold`, :func:`gap_threshold`, :func:`silhouette_threshold`,
+  :func:`guarded_threshold` on the single-linkage merge heights :func:`single_link_merges`).
 - §5.8.1-style evaluation of a clustering against ground-truth distribution types: :func:`adjusted_rand_index`.
 - §4.4 Aggregation (Eq. 7, FedAvg inside each cluster) runs in the shell, on the membership kept by the
   cross-device state machine of SPEC §8 ("our design"): ``state, events = step(state, observation, config)``
@@ -44,11 +44,15 @@ from fedcore.distfl.extraction import (
     synthesize,
 )
 from fedcore.distfl.similarity import (
+    GUARD_MIN_GROUP,
+    GUARD_SILHOUETTE,
     KL_EPS,
     adjusted_rand_index,
     choose_threshold,
     flatten_response,
     gap_threshold,
+    guarded_cut,
+    guarded_threshold,
     kl_matrix,
     link_components,
     mean_silhouette,
@@ -58,6 +62,8 @@ from fedcore.distfl.similarity import (
 )
 
 __all__ = [
+    "GUARD_MIN_GROUP",
+    "GUARD_SILHOUETTE",
     "KL_EPS",
     "THRESHOLDS",
     "ClusterAssigned",
@@ -80,6 +86,8 @@ __all__ = [
     "extract_inputs",
     "flatten_response",
     "gap_threshold",
+    "guarded_cut",
+    "guarded_threshold",
     "kl_matrix",
     "link_components",
     "mean_silhouette",

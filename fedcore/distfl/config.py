@@ -15,7 +15,7 @@ from fedcore.checks import is_finite_number, is_int
 from fedcore.errors import require
 
 # The ways to choose τ (``DistflConfig.threshold``).
-THRESHOLDS = ("fixed", "gap", "silhouette")
+THRESHOLDS = ("fixed", "gap", "silhouette", "guarded")
 
 
 @dataclass
@@ -37,13 +37,18 @@ class DistflConfig:
     # Paper §5.1.5: 50% (Fig. 8 also tries 20%, 80%, 100%).
     top_fraction: float = 0.5
     # τ: models i and j are linked when KL(V_i‖V_j) < τ or KL(V_j‖V_i) < τ; clusters are the connected
-    # components (§4.3, "setting a threshold"; the paper gives no number, SPEC §8 sets 0.2).
+    # components (§4.3, "setting a threshold"; the paper gives no number, SPEC §8 sets 0.2). Used as is with
+    # ``threshold = "fixed"``; the automatic rules fall back to it with two or fewer clients.
     tau: float = 0.2
-    # How τ is chosen at each (re-)clustering (beyond the paper, issue 28): "fixed" uses ``tau``; "gap" cuts the
-    # single-linkage merge heights of the link rule at their largest gap; "silhouette" at the cut with the highest
-    # mean silhouette (:func:`fedcore.distfl.similarity.choose_threshold`). Both automatic rules fall back to
-    # ``tau`` when there is nothing to choose from (two or fewer clients).
-    threshold: str = "fixed"
+    # How τ is chosen at each (re-)clustering (beyond the paper, issues 28 and 49): "guarded" (default) cuts the
+    # single-linkage merge heights of the link rule at their largest gap that leaves two or more groups of >= 3
+    # clients, and keeps that cut only when its mean silhouette is >= 0.65, else one cluster (found the typed and
+    # label-flip groups whole and left IID and HAR fleets whole, docs/results/distfl_threshold.md); "gap" always cuts
+    # at the largest gap (over-splits a fleet without groups); "silhouette" at the cut with the highest mean
+    # silhouette; "fixed" uses ``tau`` (SPEC §8's 0.2 over-splits every measured fleet)
+    # (:func:`fedcore.distfl.similarity.choose_threshold`). The automatic rules fall back to ``tau`` when there is
+    # nothing to choose from (two or fewer clients).
+    threshold: str = "guarded"
     # R_w: the first clustering happens after this many rounds of plain FedAvg (cross-device adaptation, SPEC
     # §8, not in the paper, which clusters every round under full participation). 0: cluster from round 1.
     warmup_rounds: int = 5

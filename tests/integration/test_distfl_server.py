@@ -83,7 +83,7 @@ def _models(config: ServerConfig) -> dict[str, dict[str, torch.Tensor]]:
 
 def test_warmup_then_clusters_and_every_client_is_handed_its_clusters_model(tmp_path: Path) -> None:
     # A small τ links only near-identical responses: several clusters, so several models are handed out.
-    cfg = _config(tmp_path, "distfl", rounds=4, distfl={"tau": 0.001})
+    cfg = _config(tmp_path, "distfl", rounds=4, distfl={"tau": 0.001, "threshold": "fixed"})
     status, tasks, after = _run(cfg, record=True)
     rows = list(status.history)
     assert len(status.distfl.clusters) >= 2
@@ -151,7 +151,7 @@ def test_reclustering_keeps_ids_drops_retired_models_and_small_clusters_keep_the
     """Re-clustering every 2 rounds: every model the server keeps belongs to a live cluster (retired clusters'
     models are dropped) and every client's cluster is live. A robust rule that needs 3 updates (trimmed mean,
     trim 1 per side) cannot aggregate a cluster of one or two: that cluster keeps its model and the round goes on."""
-    cfg = _config(tmp_path, "re", rounds=6, distfl={"tau": 0.001, "recluster_every": 2},
+    cfg = _config(tmp_path, "re", rounds=6, distfl={"tau": 0.001, "threshold": "fixed", "recluster_every": 2},
                   aggregation={"rule": "trimmed_mean", "trim_m": 1})
     status, _, _ = _run(cfg)
     rows = list(status.history)

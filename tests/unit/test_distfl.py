@@ -345,7 +345,7 @@ def _formed(events: Sequence[ClusterEvent]) -> ClusterFormed:
 
 
 def test_cluster_machine_warm_up_clustering_newcomer_reclustering_round_trip_and_replay() -> None:
-    cfg = DistflConfig(warmup_rounds=2, recluster_every=3, tau=0.2)
+    cfg = DistflConfig(warmup_rounds=2, recluster_every=3, tau=0.2, threshold="fixed")
     s = ClusterState()
     # Warm-up: responses stored, no clusters (everyone on the global model).
     s, ev = step(s, _obs(1, "w", a1=("A", 0.0), b1=("B", 0.0)), cfg)
@@ -402,7 +402,7 @@ def test_cluster_machine_warm_up_clustering_newcomer_reclustering_round_trip_and
 
 
 def test_reclustering_id_mapping_split_merge_and_ties() -> None:
-    cfg = DistflConfig(warmup_rounds=0, recluster_every=1, tau=0.2)
+    cfg = DistflConfig(warmup_rounds=0, recluster_every=1, tau=0.2, threshold="fixed")
     s, ev = step(ClusterState(), _obs(1, "p1", a=("A", 0), b=("A", 0), c=("A", 0), d=("A", 0)), cfg)
     assert _formed(ev).clusters == (ClusterInfo("c0", ("a", "b", "c", "d"), None),)
     # Split: the larger part keeps c0, the other gets a fresh id seeded from c0.
@@ -428,7 +428,7 @@ def test_reclustering_id_mapping_split_merge_and_ties() -> None:
 
 
 def test_reclustering_with_stale_responses_and_no_responses() -> None:
-    cfg = DistflConfig(warmup_rounds=0, recluster_every=2, tau=0.2)
+    cfg = DistflConfig(warmup_rounds=0, recluster_every=2, tau=0.2, threshold="fixed")
     s, ev = step(ClusterState(), ClusterObservation(1, {}, SHAPE, "p1"), cfg)
     assert ev == [] and clustering_due(s, 2, cfg)  # nothing on the probe: still due
     s, ev = step(s, _obs(2, "p2", a=("A", 0), b=("A", 0), c=("B", 0), d=("B", 0), e=("C", 0)), cfg)

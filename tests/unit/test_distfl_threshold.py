@@ -110,7 +110,7 @@ def test_choose_threshold_dispatches_and_refuses_unknown_methods() -> None:
     c = DistflConfig(threshold="largest")
     with pytest.raises(ConfigError, match=r"^distfl\.threshold: "):
         c.validate()
-    assert DistflConfig().threshold == "fixed"
+    assert DistflConfig().threshold == "guarded"  # the default since issue 49
 
 
 def test_state_machine_clusters_with_the_automatic_threshold_and_records_it() -> None:
@@ -122,7 +122,7 @@ def test_state_machine_clusters_with_the_automatic_threshold_and_records_it() ->
     values = {"a1": resp(0.70), "a2": resp(0.80), "a3": resp(0.90), "b1": resp(0.10), "b2": resp(0.20),
               "b3": resp(0.30)}
     obs = ClusterObservation(1, values, (1, 2), "p1")
-    fixed = DistflConfig(warmup_rounds=0, tau=0.02)
+    fixed = DistflConfig(warmup_rounds=0, tau=0.02, threshold="fixed")
     _, ev = step(ClusterState(), obs, fixed)
     assert isinstance(ev[0], ClusterFormed) and len(ev[0].clusters) > 2 and ev[0].tau == 0.02
     auto = DistflConfig(warmup_rounds=0, tau=0.02, threshold="gap")
