@@ -399,13 +399,14 @@ def test_hostile_bytes_get_a_status_and_never_an_update_in(tmp_path: Path) -> No
     """Random and half-valid frames (undecodable payloads, pulls and update headers of made-up sessions, unknown
     kinds, frames cut anywhere) from other connections while three honest clients train on the framed port: every
     hostile connection ends with a STATUS frame of an expected code (never INTERNAL or UNKNOWN), the server keeps
-    serving, every round accepts exactly the honest updates."""
+    serving, every round accepts exactly the honest updates. The federation is long enough never to end before the
+    hostile connections do (on a loaded machine they take longer than a few short rounds); it is stopped after."""
     from hypothesis import HealthCheck, given, settings
 
     from fedcore.simulation import SimulationConfig
 
     cfg = server_config(tmp_path, server={"framed_address": "127.0.0.1:0", "stream_idle_timeout_s": 0.3},
-                        rounds={"num_rounds": 4, "clients_per_round": 3, "min_available": 3})
+                        rounds={"num_rounds": 10_000, "clients_per_round": 3, "min_available": 3})
     with ServerThread(cfg, linger_s=0.5) as srv:
         port = srv.servicer.framed_port
         clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
@@ -443,13 +444,18 @@ def test_hostile_bytes_get_a_status_and_never_an_update_in(tmp_path: Path) -> No
             hostile()
         except BaseException as e:  # re-raised once the clients are stopped
             hostile_error.append(e)
-        status = srv.wait(120)
-        summaries = [c.join(30) for c in clients]
+        if not hostile_error:
+            srv.wait_for_round(2, timeout=120)  # the server kept serving: rounds go on after the hostile bytes
+        for c in clients:
+            c.stop()
+        summaries = [c.summary for c in clients]
+        srv.stop()
+        status = srv.result
         if hostile_error:
             raise hostile_error[0]
-        assert status is not None and status.outcome == "completed", status
-        assert [r.accepted for r in status.history] == [3, 3, 3, 3]
-        assert all(s.rounds_trained == 4 for s in summaries), summaries
+        assert status is not None and len(status.history) >= 2, status
+        assert all(r.accepted == 3 and r.rejected == 0 for r in status.history), status.history
+        assert all(s.rounds_trained >= 2 for s in summaries), summaries
     assert len(codes) == 50 and {"INVALID_ARGUMENT", "UNAUTHENTICATED", "OK"} <= set(codes), codes
 
 
