@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedcore.checks import is_int
 from fedcore.errors import ConfigError, require
 from fedcore.options import decode_fields, join
 from fedcore.registry import Registry, fold_flat_options
-
-if TYPE_CHECKING:
-    from fedcore.nfl.detectors import DetectorStep
 
 # Modes (FL-GUARD §4.3): vanilla FL until the detector reports NFL / the recovery flag set from round 1 with no
 # detection ("all-time recovery") / no recovery ever (vanilla FL; β̂ and Δ are still tracked for display).
@@ -43,7 +40,10 @@ RECOVERY_STRATEGIES = (LONG_TERM, SHORT_TERM)
 LEGACY_DETECTOR_OPTIONS: dict[str, Any] = {"warmup": 5, "plateau_rounds": 2, "cusum_k": 0.05, "cusum_h": 2.0}
 
 # The NFL detectors by name (``nfl.detector``); fedcore.nfl.detectors registers the built-in ones.
-DETECTORS: Registry[DetectorStep] = Registry("NFL detector", ValueError)
+# Typed loosely here (a step is fedcore.nfl.detectors.DetectorStep: (NflState, NflObservation, NflConfig) -> events),
+# so that this section imports nothing of the detectors, not even for type checking; the detectors module reads
+# its entries back as DetectorStep.
+DETECTORS: Registry[Callable[..., Any]] = Registry("NFL detector", ValueError)
 
 
 @dataclass

@@ -243,7 +243,8 @@ def step(state: NflState, obs: NflObservation, config: NflConfig) -> tuple[NflSt
         s.beta_hat_avg = math.fsum(s.medians) / len(s.medians)  # FL-GUARD Eq. 5 over the medians we have
     if obs.delta is not None:
         s.delta = obs.delta
-    events = DETECTORS.get(config.detector)(s, obs, config) if config.mode == DETECT_AND_RECOVER else []
+    detector: DetectorStep = DETECTORS.get(config.detector)
+    events = detector(s, obs, config) if config.mode == DETECT_AND_RECOVER else []
     s.history.append(NflRecord(obs.round, obs.beta_hat, s.beta_hat_avg, obs.delta, s.reported, s.recovery))
     return s, events
 

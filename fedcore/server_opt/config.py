@@ -30,18 +30,17 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedcore.checks import is_finite_number
 from fedcore.errors import require
 from fedcore.options import decode_fields, join
 from fedcore.registry import Registry
 
-if TYPE_CHECKING:
-    from fedcore.server_opt.optimizers import ServerOptimizer
-
-# A server optimizer's factory: its validated options dataclass -> the optimizer.
-ServerOptimizerFactory = Callable[[Any], "ServerOptimizer"]
+# A server optimizer's factory: its validated options dataclass -> the optimizer (a
+# fedcore.server_opt.optimizers.ServerOptimizer, which make() checks; not named here, so that this torch-free module
+# imports nothing of the implementation, not even for type checking).
+ServerOptimizerFactory = Callable[[Any], Any]
 
 # The server optimizers by name (``server_optimizer.name``); the built-in ones are registered at the end of this module.
 SERVER_OPTIMIZERS: Registry[ServerOptimizerFactory] = Registry("server optimizer", ValueError)
@@ -203,7 +202,7 @@ class ServerOptimizerConfig:
 def _deferred(attribute: str) -> ServerOptimizerFactory:
     """The optimizer class ``attribute`` of :data:`IMPLEMENTATION`, imported (with torch) on first use."""
 
-    def factory(options: Any) -> ServerOptimizer:
+    def factory(options: Any) -> Any:
         made: ServerOptimizerFactory = getattr(importlib.import_module(IMPLEMENTATION), attribute)
         return made(options)
 

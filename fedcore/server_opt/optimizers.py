@@ -328,4 +328,7 @@ def make(name: str, options: Mapping[str, Any] | object | None = None) -> Server
     parsed = SERVER_OPTIMIZERS.coerce_options(name, options, "" if options is None or isinstance(options, Mapping)
                                               else "options")
     SERVER_OPTIMIZERS.validate_options(name, parsed, "")
-    return plugin.factory(parsed)
+    made = plugin.factory(parsed)
+    if not isinstance(made, ServerOptimizer):
+        raise TypeError(f"server optimizer {name!r}: its factory made a {type(made).__name__}, not a ServerOptimizer")
+    return made
