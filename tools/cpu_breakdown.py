@@ -56,7 +56,7 @@ FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("fedserver.finalize", "build_report"),
     ("fedserver.round_close", "RoundCloser._complete_and_persist"),
     ("fedserver.store", "StateStore.save"),
-    ("fedserver.coordinator", "write_round"),
+    ("fedserver.pipeline", "write_round"),
     ("fedserver.coordinator", "log_event"),
     ("structlog.stdlib", "BoundLogger.info"),
     ("structlog.stdlib", "BoundLogger.debug"),
