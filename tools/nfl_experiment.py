@@ -347,7 +347,14 @@ def _opt(v: int | None) -> str:
 SUMMARY_HEAD = ["env", "arm", "clients", "seeds", "rounds", "central acc", "acc", "beta",
                 f"abs(beta_hat - beta), last {LAST}", "detect round", "cancel round", "compute vs FedAvg",
                 "passes vs vanilla"]
-RUNS_HEAD = ["run", "rounds", "status", "wall (min)", "sittings", "resumed after round", "code (fedguard commit)"]
+RUNS_HEAD = ["run", "rounds", "status", "wall (min)", "sittings", "resumed after round", "device",
+             "code (fedguard commit)"]
+
+
+def sitting_device(sitting: dict[str, Any]) -> str:
+    """Where a sitting trained: its launcher command's ``--device`` (``cpu`` when it gives none)."""
+    cmd = [str(c) for c in sitting.get("command") or []]
+    return cmd[cmd.index("--device") + 1] if "--device" in cmd[:-1] else "cpu"
 
 
 def per_run_rows(runs: dict[tuple[str, str, int], RunData]) -> list[list[str]]:
@@ -362,8 +369,10 @@ def per_run_rows(runs: dict[tuple[str, str, int], RunData]) -> list[list[str]]:
         # A sitting that resumed after completed rounds: the server went on from its snapshot, the clients'
         # private models were trained again (same seed) and their in-memory adaptation state started over.
         resumed = [str(s.get("rounds_before")) for s in sittings if s.get("resumed") and s.get("rounds_before")]
+        devices = sorted({sitting_device(s) for s in sittings})
         out.append([rd.name, f"{len(rd.rows)}/{rd.target or '?'}", status, fmt(rd.wall_s() / 60.0, 1),
-                    str(len(sittings)) if rd.record else "-", ", ".join(resumed) or "-", ", ".join(commits) or "-"])
+                    str(len(sittings)) if rd.record else "-", ", ".join(resumed) or "-", ", ".join(devices) or "-",
+                    ", ".join(commits) or "-"])
     return out
 
 
