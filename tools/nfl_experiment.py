@@ -37,11 +37,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import re
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,16 +50,18 @@ if str(ROOT) not in sys.path:
 
 from tools.runs import (  # noqa: E402
     RECORD,
+    Job,
     RunDirError,
-    Running,
+    collect_runs,
     finished,
     finite_mean,
     fmt,
+    md_table,
+    opt_text,
     read_record,
     read_rows,
+    run_jobs,
     run_state,
-    start_run,
-    versions,
 )
 
 # The environments' configs per dataset (--dataset): the papers' NFL and ideal environments (SPEC §11).
@@ -185,39 +185,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not jobs:
         return 0
-    info = versions()
-    print(f"code: {info['fedguard_commit']} (dirty: {info['fedguard_dirty']}); children import fedserver from "
-          f"{info['child_imports_fedserver_from']}", flush=True)
-    running: list[Running] = []
-    t0 = time.monotonic()
-
-    def stamp() -> str:
-        return f"[{time.strftime('%H:%M:%S', time.gmtime())} +{time.monotonic() - t0:6.0f}s]"
-
-    while jobs or running:
-        while jobs and len(running) < args.parallel:
-            name, run_dir, cmd, spec = jobs.pop(0)
-            if until:
-                est = _estimate(out, spec["env"], spec["arm"])
-                if time.time() + est > until:
-                    print(f"{stamp()} {name}: not started, {est:.0f} s would pass --until {args.until}", flush=True)
-                    continue
-            r = start_run(name, cmd, run_dir, spec, int(spec["rounds"]), info)
-            running.append(r)
-            print(f"{stamp()} started {name}{' (resumed)' if r.record['sittings'][-1]['resumed'] else ''}",
-                  flush=True)
-        time.sleep(1.0)
-        for r in list(running):
-            over = (args.timeout and r.elapsed() > args.timeout) or (until and time.time() > until)
-            if r.proc.poll() is None and over:
-                r.stop()  # the server exits 4 (resumable); its completed rounds are on disk
-                print(f"{stamp()} stopped {r.name} at the time limit (resumable)", flush=True)
-            if r.proc.poll() is not None:
-                rc = r.close()
-                running.remove(r)
-                print(f"{stamp()} {r.name} exit {rc} after {r.elapsed():.0f} s, {r.record['rounds']}/"
-                      f"{r.record['target_rounds']} rounds{'' if r.record['finished'] else ' (unfinished)'}",
-                      flush=True)
+    run_jobs([Job(name, run_dir, cmd, spec, int(spec["rounds"])) for name, run_dir, cmd, spec in jobs],
+             args.parallel, args.timeout, until, lambda job: _estimate(out, job.spec["env"], job.spec["arm"]),
+             log=lambda line: print(line, flush=True))
     return 0
 
 
@@ -330,18 +300,14 @@ def summary_rows(runs: dict[tuple[str, str, int], RunData]) -> list[list[str]]:
                     env, arm, group, "/".join(str(rd.seed) for rd in mine), "/".join(rd.reached() for rd in mine),
                     fmt(finite_mean(central)), fmt(finite_mean(accs)), fmt(finite_mean(betas)),
                     fmt(finite_mean(errs)),
-                    "/".join(_opt(_first(rd.rows, lambda r: r.get("nfl") == "reported")) for rd in mine),
-                    "/".join(_opt(_cancel_round(rd.rows)) for rd in mine),
+                    "/".join(opt_text(_first(rd.rows, lambda r: r.get("nfl") == "reported")) for rd in mine),
+                    "/".join(opt_text(_cancel_round(rd.rows)) for rd in mine),
                     _ratio(finite_mean(comp)), _ratio(finite_mean(passes))])
     return out
 
 
 def _ratio(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:.2f}x"
-
-
-def _opt(v: int | None) -> str:
-    return "-" if v is None else str(v)
 
 
 SUMMARY_HEAD = ["env", "arm", "clients", "seeds", "rounds", "central acc", "acc", "beta",
@@ -376,23 +342,19 @@ def per_run_rows(runs: dict[tuple[str, str, int], RunData]) -> list[list[str]]:
     return out
 
 
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
-
-
 def summarize(args: argparse.Namespace) -> int:
     try:
         runs = load_runs(args.paths)
     except RunDirError as err:
         print(f"summarize: {err}", file=sys.stderr)
         return 2
-    lines = _table(SUMMARY_HEAD, summary_rows(runs))
+    lines = md_table(SUMMARY_HEAD, summary_rows(runs))
     if any(rd.done is False for rd in runs.values()):
         asked = sorted({str(rd.target or "?") for rd in runs.values() if rd.done is False})
         lines.append(f"\n`*` unfinished run (rounds reached, of {'/'.join(asked)} asked): its last {LAST} rounds are "
                      "not the end of the run.")
     if args.runs:
-        lines += ["", *_table(RUNS_HEAD, per_run_rows(runs))]
+        lines += ["", *md_table(RUNS_HEAD, per_run_rows(runs))]
     text = "\n".join(lines)
     print(text)
     if args.md:
@@ -421,40 +383,9 @@ def splice(md: Path, text: str, block: str = "") -> None:
 
 
 def collect(args: argparse.Namespace) -> int:
-    """Copy the runs' per-round files and records out of a campaign directory (``NAME.rounds.jsonl``,
-    ``NAME.record.json``), the finished ones (``--partial``: also the unfinished ones), for committing. A
-    collected file is only replaced by a longer run of the same rows (never by another run's)."""
-    src, dest = Path(args.out), Path(args.dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    copied = 0
-    for d in sorted(p for p in src.iterdir() if p.is_dir() and _NAME.search(p.name)):
-        rows_path = d / "rounds.jsonl"
-        try:
-            record = read_record(d)
-        except RunDirError as err:
-            print(f"collect: skipped {d.name}: {err}", file=sys.stderr)
-            continue
-        # A run is collected as finished once its sitting is over (its record closed), not when its server has
-        # written the final model while the launcher is still winding down.
-        closed = bool(record and record["sittings"] and record["sittings"][-1].get("ended_utc"))
-        done = finished(d) and closed
-        if not rows_path.exists() or record is None or not (done or args.partial):
-            continue
-        new = rows_path.read_text()
-        target = dest / f"{d.name}.rounds.jsonl"
-        if target.exists() and not new.startswith(target.read_text()):
-            print(f"collect: {target} holds other rows than {rows_path}; left as it is", file=sys.stderr)
-            continue
-        record = {**record, "finished": done, "rounds": len(read_rows(d))}
-        if target.exists() and target.read_text() == new and \
-                (dest / f"{d.name}.record.json").exists() and read_record(dest / f"{d.name}.record.json") == record:
-            continue
-        target.write_text(new)
-        (dest / f"{d.name}.record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        copied += 1
-        print(f"collected {d.name}: {record['rounds']}/{record.get('target_rounds')} rounds"
-              f"{'' if record['finished'] else ' (unfinished)'}")
-    print(f"{copied} run(s) copied to {dest}")
+    """Copy the finished runs' (``--partial``: every run's) ``rounds.jsonl`` and record out of a campaign directory
+    as ``NAME.rounds.jsonl`` / ``NAME.record.json`` for committing (:func:`tools.runs.collect_runs`)."""
+    collect_runs(Path(args.out), Path(args.dest), _NAME, args.partial)
     return 0
 
 

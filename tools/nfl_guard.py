@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
 from fedcore import nfl  # noqa: E402
 from fedcore.registry import options_as  # noqa: E402
 from tools.nfl_experiment import BEGIN, END, RunData, load_runs, splice  # noqa: E402
-from tools.runs import finite_mean  # noqa: E402
+from tools.runs import finite_mean, md_table, opt_text  # noqa: E402
 
 NRS = (10, 20)
 
@@ -111,10 +111,6 @@ def vanilla_runs(paths: list[str]) -> dict[tuple[str, str, int], RunData]:
     return runs
 
 
-def _opt(v: int | None) -> str:
-    return "-" if v is None else str(v)
-
-
 def _peak(rp: Replay) -> str:
     return f"{rp.peak:.2f}/{rp.threshold:g}" if rp.threshold != int(rp.threshold) or rp.peak != int(rp.peak) \
         else f"{int(rp.peak)}/{int(rp.threshold)}"
@@ -172,7 +168,7 @@ def tables(groups: list[tuple[str, dict[tuple[str, str, int], RunData]]]) -> str
                 cells, armed = [], []
                 for seed, (o, beta_after, _) in g.nfl.items():
                     mine, paper = replay(o, cfg), replay(o, paper_cfg)
-                    armed.append(_opt(mine.armed))
+                    armed.append(opt_text(mine.armed))
                     if beta_after < 0:
                         n_in += 1
                         hit_in += mine.report is not None
@@ -182,12 +178,12 @@ def tables(groups: list[tuple[str, dict[tuple[str, str, int], RunData]]]) -> str
                         n_out += 1
                         hit_out += mine.report is not None
                     d = "" if mine.report is None or paper.report is None else f" ({mine.report - paper.report:+d})"
-                    cells.append(f"s{seed}: {_opt(mine.report)}{d}")
+                    cells.append(f"s{seed}: {opt_text(mine.report)}{d}")
                 detail.append([
                     g.name, cand.label, str(nr) if cand.uses_nr else f"- (c = {nr})",
-                    " / ".join(f"s{seed}: {_opt(rp.report)}" for seed, rp in ideal.items()) or "-",
+                    " / ".join(f"s{seed}: {opt_text(rp.report)}" for seed, rp in ideal.items()) or "-",
                     " / ".join(_peak(rp) for rp in ideal.values()) or "-",
-                    " / ".join(_opt(rp.armed) for rp in ideal.values()) if guarded else "-",
+                    " / ".join(opt_text(rp.armed) for rp in ideal.values()) if guarded else "-",
                     " / ".join(cells) or "-", " / ".join(armed) if guarded else "-"])
             summary.append([cand.label, str(nr) if cand.uses_nr else "-", f"{false}/{n_ideal}", worst_text,
                             f"{hit_in}/{n_in}",
@@ -197,7 +193,7 @@ def tables(groups: list[tuple[str, dict[tuple[str, str, int], RunData]]]) -> str
                   "in NFL"]
     truth = [[g.name, str(seed), str(len(o)), f"{after:+.3f}", f"{last:+.3f}", "yes" if after < 0 else "no"]
              for g in gs for seed, (o, after, last) in g.nfl.items()]
-    return "\n".join([*_table(head, summary), "", *_table(detail_head, detail), "", *_table(truth_head, truth)])
+    return "\n".join([*md_table(head, summary), "", *md_table(detail_head, detail), "", *md_table(truth_head, truth)])
 
 
 # A live detect-and-recover run reports within this many rounds of the replay of the same seed's FedAvg run (issue
@@ -255,14 +251,10 @@ def agreement(runs: dict[tuple[str, str, int], RunData]) -> list[Agreement]:
 def agreement_table(rows: list[Agreement]) -> str:
     head = ["env", "seed", "detector", "NR = c", "live report round", "replay of FedAvg", "difference",
             f"within {AGREEMENT_ROUNDS}"]
-    body = [[a.env, str(a.seed), a.detector, f"{a.nr}" if a.nr == a.c else f"{a.nr}/{a.c}", _opt(a.live),
-             _opt(a.replayed), "-" if a.live is None or a.replayed is None else f"{a.live - a.replayed:+d}",
+    body = [[a.env, str(a.seed), a.detector, f"{a.nr}" if a.nr == a.c else f"{a.nr}/{a.c}", opt_text(a.live),
+             opt_text(a.replayed), "-" if a.live is None or a.replayed is None else f"{a.live - a.replayed:+d}",
              "yes" if a.agrees else "**no**"] for a in rows]
-    return "\n".join(_table(head, body))
-
-
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+    return "\n".join(md_table(head, body))
 
 
 def main(argv: list[str] | None = None) -> int:

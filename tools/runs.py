@@ -19,9 +19,11 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -251,3 +253,99 @@ def launch_run(cmd: list[str], run_dir: Path, timeout: float, spec: dict[str, An
     rc = r.close()
     print(f"{run_dir.name}: exit {rc} after {r.elapsed():.0f} s", file=sys.stdout, flush=True)
     return rc
+
+
+@dataclass(frozen=True)
+class Job:
+    """A run a campaign will start: its name, run directory, launcher command, spec and the rounds it asks for."""
+
+    name: str
+    run_dir: Path
+    cmd: list[str]
+    spec: dict[str, Any]
+    target_rounds: int
+
+
+def run_jobs(jobs: list[Job], parallel: int, timeout: float = 0.0, until: float = 0.0,
+             estimate: Callable[[Job], float] | None = None, log: Callable[[str], None] = print) -> None:
+    """Run ``jobs`` in order, ``parallel`` at a time, each as one sitting (:func:`start_run`): a sitting past
+    ``timeout`` seconds, or running at the epoch time ``until``, is stopped (resumable); with ``until`` a job
+    whose ``estimate`` (wall seconds) would pass it is not started. Every start and end is logged with the time."""
+    pending, running = list(jobs), list[Running]()
+    info = versions()
+    log(f"code: {info['fedguard_commit']} (dirty: {info['fedguard_dirty']}); children import fedserver from "
+        f"{info['child_imports_fedserver_from']}")
+    t0 = time.monotonic()
+
+    def stamp() -> str:
+        return f"[{time.strftime('%H:%M:%S', time.gmtime())} +{time.monotonic() - t0:6.0f}s]"
+
+    while pending or running:
+        while pending and len(running) < parallel:
+            job = pending.pop(0)
+            est = estimate(job) if until and estimate is not None else 0.0
+            if until and time.time() + est > until:
+                log(f"{stamp()} {job.name}: not started, {est:.0f} s would pass the time limit")
+                continue
+            r = start_run(job.name, job.cmd, job.run_dir, job.spec, job.target_rounds, info)
+            running.append(r)
+            log(f"{stamp()} started {job.name}{' (resumed)' if r.record['sittings'][-1]['resumed'] else ''}")
+        time.sleep(1.0)
+        for r in list(running):
+            over = (timeout and r.elapsed() > timeout) or (until and time.time() > until)
+            if r.proc.poll() is None and over:
+                r.stop()  # the server exits 4 (resumable); its completed rounds are on disk
+                log(f"{stamp()} stopped {r.name} at the time limit (resumable)")
+            if r.proc.poll() is not None:
+                rc = r.close()
+                running.remove(r)
+                log(f"{stamp()} {r.name} exit {rc} after {r.elapsed():.0f} s, {r.record['rounds']}/"
+                    f"{r.record['target_rounds']} rounds{'' if r.record['finished'] else ' (unfinished)'}")
+
+
+def collect_runs(src: Path, dest: Path, name: re.Pattern[str], partial: bool = False) -> int:
+    """Copy the runs of a campaign directory (run directories whose names ``name`` matches) out as
+    ``NAME.rounds.jsonl`` and ``NAME.record.json`` for committing: the finished ones (``partial``: also the
+    unfinished ones, marked in their record). A collected file is only replaced by a longer run of the same rows
+    (never by another run's). Returns how many runs were copied."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for d in sorted(p for p in src.iterdir() if p.is_dir() and name.search(p.name)):
+        rows_path = d / "rounds.jsonl"
+        try:
+            record = read_record(d)
+        except RunDirError as err:
+            print(f"collect: skipped {d.name}: {err}", file=sys.stderr)
+            continue
+        # A run is collected as finished once its sitting is over (its record closed), not when its server has
+        # written the final model while the launcher is still winding down.
+        closed = bool(record and record["sittings"] and record["sittings"][-1].get("ended_utc"))
+        done = finished(d) and closed
+        if not rows_path.exists() or record is None or not (done or partial):
+            continue
+        new = rows_path.read_text()
+        target = dest / f"{d.name}.rounds.jsonl"
+        if target.exists() and not new.startswith(target.read_text()):
+            print(f"collect: {target} holds other rows than {rows_path}; left as it is", file=sys.stderr)
+            continue
+        record = {**record, "finished": done, "rounds": len(read_rows(d))}
+        if target.exists() and target.read_text() == new and \
+                (dest / f"{d.name}.record.json").exists() and read_record(dest / f"{d.name}.record.json") == record:
+            continue
+        target.write_text(new)
+        (dest / f"{d.name}.record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        copied += 1
+        print(f"collected {d.name}: {record['rounds']}/{record.get('target_rounds')} rounds"
+              f"{'' if record['finished'] else ' (unfinished)'}")
+    print(f"{copied} run(s) copied to {dest}")
+    return copied
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines: the header, the separator, one line per row."""
+    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def opt_text(v: int | None) -> str:
+    """A round number for a table: ``-`` for none."""
+    return "-" if v is None else str(v)

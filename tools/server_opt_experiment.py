@@ -33,13 +33,10 @@ last 5, the first round reaching ``--target``; means over seeds) and the runs' w
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
-import shutil
 import statistics
 import sys
-import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,16 +49,18 @@ if str(ROOT) not in sys.path:
 from tools.nfl_experiment import BEGIN, END, splice  # noqa: E402
 from tools.runs import (  # noqa: E402
     RECORD,
+    Job,
     RunDirError,
-    Running,
+    collect_runs,
     finished,
     finite_mean,
     fmt,
+    md_table,
+    opt_text,
     read_record,
     read_rows,
+    run_jobs,
     run_state,
-    start_run,
-    versions,
 )
 
 CONFIG = "configs/server_opt_mnist.toml"
@@ -209,26 +208,8 @@ def run(args: argparse.Namespace) -> int:
         for _, _, cmd, _ in jobs:
             print(" ".join(cmd))
         return 0
-    info = versions()
-    print(f"code: {info['fedguard_commit']} (dirty: {info['fedguard_dirty']})", flush=True)
-    running: list[Running] = []
-    t0 = time.monotonic()
-    while jobs or running:
-        while jobs and len(running) < args.parallel:
-            r, run_dir, cmd, spec = jobs.pop(0)
-            running.append(start_run(r.name, cmd, run_dir, spec, rounds, info))
-            print(f"[+{time.monotonic() - t0:5.0f}s] started {r.name}", flush=True)
-        time.sleep(1.0)
-        for job in list(running):
-            if job.proc.poll() is None and args.timeout and job.elapsed() > args.timeout:
-                job.stop()  # the server exits resumable; its completed rounds are on disk
-                print(f"[+{time.monotonic() - t0:5.0f}s] stopped {job.name} at --timeout (resumable)", flush=True)
-            if job.proc.poll() is not None:
-                rc = job.close()
-                running.remove(job)
-                print(f"[+{time.monotonic() - t0:5.0f}s] {job.name} exit {rc} after {job.elapsed():.0f} s, "
-                      f"{job.record['rounds']}/{rounds} rounds"
-                      f"{'' if job.record['finished'] else ' (unfinished)'}", flush=True)
+    run_jobs([Job(r.name, run_dir, cmd, spec, rounds) for r, run_dir, cmd, spec in jobs], args.parallel,
+             args.timeout, log=lambda line: print(line, flush=True))
     return 0
 
 
@@ -326,14 +307,6 @@ def best_lrs(runs: dict[Key, RunData]) -> dict[str, float]:
     return best
 
 
-def _opt(v: int | None) -> str:
-    return "-" if v is None else str(v)
-
-
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
-
-
 def _first_mean(rds: list[RunData], target: float) -> str:
     """Mean over seeds of the first round at the target; with "(n/m)" when only n of the m runs reached it."""
     firsts = [rd.first_at(target) for rd in rds]
@@ -360,8 +333,8 @@ def render(runs: dict[Key, RunData], target: float = TARGET) -> str:
         rd = runs[key]
         mark = "**" if best.get(rd.arm) == rd.lr else ""
         grid_rows.append([f"{mark}{rd.arm}{mark}", f"{mark}{lr_label(rd.lr)}{mark}", rd.reached(), fmt(rd.last()),
-                          f"{mark}{fmt(rd.last_mean())}{mark}", _opt(rd.first_at(target))])
-    lines += _table(["arm", "server lr", "rounds", "last round", f"mean of last {LAST}",
+                          f"{mark}{fmt(rd.last_mean())}{mark}", opt_text(rd.first_at(target))])
+    lines += md_table(["arm", "server lr", "rounds", "last round", f"mean of last {LAST}",
                      f"first round >= {target:g}"], grid_rows)
     lines += ["", "Settings on every seed: each arm's choice (**bold**), then any other setting run on more seeds "
               "(central accuracy; mean and sd over the seeds):", ""]
@@ -377,14 +350,14 @@ def render(runs: dict[Key, RunData], target: float = TARGET) -> str:
         b = "**" if chosen else ""
         for rd in rds:
             seed_rows.append([arm, lr_label(lr), str(rd.seed), rd.reached(), fmt(rd.last()), fmt(rd.last_mean()),
-                              _opt(rd.first_at(target))])
+                              opt_text(rd.first_at(target))])
         lasts, last5 = [rd.last() for rd in rds], [rd.last_mean() for rd in rds]
         if chosen:
             means[f"{arm} (lr {lr_label(lr)})"] = (finite_mean(last5), finite_mean(lasts))
         seed_rows.append([f"{b}{arm}{b}", f"{b}{lr_label(lr)}{b}", f"{b}mean of {len(rds)}{b}", "",
                           f"{b}{fmt(finite_mean(lasts))}{b} ± {_sd(lasts)}",
                           f"{b}{fmt(finite_mean(last5))}{b} ± {_sd(last5)}", f"{b}{_first_mean(rds, target)}{b}"])
-    lines += _table(["arm", "server lr", "seed", "rounds", "last round", f"mean of last {LAST}",
+    lines += md_table(["arm", "server lr", "seed", "rounds", "last round", f"mean of last {LAST}",
                      f"first round >= {target:g}"], seed_rows)
     lines += ["", "Runs (wall time over all sittings; s/round: the server's mean round time):", ""]
     run_rows = []
@@ -394,7 +367,7 @@ def render(runs: dict[Key, RunData], target: float = TARGET) -> str:
         sittings = len(rd.record["sittings"]) if rd.record else 0
         run_rows.append([rd.name, rd.reached(), status, fmt(rd.wall_s() / 60.0, 1), fmt(rd.round_s(), 2),
                          str(sittings) if rd.record else "-"])
-    lines += _table(["run", "rounds", "status", "wall (min)", "s/round", "sittings"], run_rows)
+    lines += md_table(["run", "rounds", "status", "wall (min)", "s/round", "sittings"], run_rows)
     if means:
         order = sorted(means.items(), key=lambda t: -t[1][0] if not math.isnan(t[1][0]) else math.inf)
         lines += ["", f"Order of the choices by the mean over seeds of the last-{LAST} mean: "
@@ -418,34 +391,9 @@ def summarize(args: argparse.Namespace) -> int:
 
 
 def collect(args: argparse.Namespace) -> int:
-    """Copy finished runs' (``--partial``: every run's) ``rounds.jsonl`` and record out of a campaign directory as
-    ``NAME.rounds.jsonl`` / ``NAME.record.json``; a collected file is only replaced by a longer run of the same
-    rows."""
-    src, dest = Path(args.out), Path(args.dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    copied = 0
-    for d in sorted(p for p in src.iterdir() if p.is_dir() and _NAME.search(p.name)):
-        try:
-            record = read_record(d)
-        except RunDirError as err:
-            print(f"collect: skipped {d.name}: {err}", file=sys.stderr)
-            continue
-        closed = bool(record and record["sittings"] and record["sittings"][-1].get("ended_utc"))
-        done = finished(d) and closed
-        rows_path = d / "rounds.jsonl"
-        if not rows_path.exists() or record is None or not (done or args.partial):
-            continue
-        target = dest / f"{d.name}.rounds.jsonl"
-        new = rows_path.read_text()
-        if target.exists() and not new.startswith(target.read_text()):
-            print(f"collect: {target} holds other rows than {rows_path}; left as it is", file=sys.stderr)
-            continue
-        shutil.copyfile(rows_path, target)
-        record = {**record, "finished": done, "rounds": len(read_rows(d))}
-        (dest / f"{d.name}.record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        copied += 1
-        print(f"collected {d.name}: {record['rounds']} rounds{'' if done else ' (unfinished)'}")
-    print(f"{copied} run(s) copied to {dest}")
+    """Copy the finished runs' (``--partial``: every run's) ``rounds.jsonl`` and record out of a campaign directory
+    as ``NAME.rounds.jsonl`` / ``NAME.record.json`` (:func:`tools.runs.collect_runs`)."""
+    collect_runs(Path(args.out), Path(args.dest), _NAME, args.partial)
     return 0
 
 

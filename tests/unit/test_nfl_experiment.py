@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tools import nfl_experiment as nx
-from tools import nfl_guard
+from tools import nfl_guard, runs
 from tools.runs import RECORD, RunDirError, finished, read_record, run_state, start_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ def test_run_refuses_before_starting_anything(tmp_path: Path, monkeypatch: pytes
     def no_start(*a: Any, **k: Any) -> Any:
         raise AssertionError("nothing may start")
 
-    monkeypatch.setattr(nx, "start_run", no_start)
+    monkeypatch.setattr(runs, "start_run", no_start)
     assert nx.main(["run", "--out", str(tmp_path), "--envs", "nfl", "--arms", "fedavg", "detect",
                     "--seeds", "0"]) == 2
     assert "not written by this runner" in capsys.readouterr().err
@@ -128,7 +128,7 @@ def test_run_skips_finished_runs_and_orders_rows_before_seeds(tmp_path: Path,
         d = tmp_path / f"{e}-{a}-s{s}"
         _finish(d)
         _record(d, nx.run_spec(e, a, s, args))
-    monkeypatch.setattr(nx, "start_run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
+    monkeypatch.setattr(runs, "start_run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
     assert nx.run(args) == 0
 
 
@@ -197,7 +197,7 @@ def test_summarize_marks_unfinished_runs_and_averages_the_last_10_rounds(tmp_pat
     assert "| nfl | detect | benign | 0/1 | 30/12* | 0.600 | 0.500 | 0.100 | 0.100 | 4/4 | -/- | - | 1.00x |" \
         in text
     assert "`*` unfinished run (rounds reached, of 150 asked)" in text
-    assert "| nfl-detect-s1 | 12/150 | unfinished | 2.0 | 2 | 5 | aaaaaaaaaa |" in text
+    assert "| nfl-detect-s1 | 12/150 | unfinished | 2.0 | 2 | 5 | cpu | aaaaaaaaaa |" in text
     assert "| nfl-detect-s0 | 30/150 | finished |" in text
 
 
@@ -293,7 +293,6 @@ def test_the_paper_scale_table_is_recomputed_from_its_committed_rows() -> None:
 def test_the_sequential_drivers_skip_resume_and_refuse_through_launch_run(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """tools/distfl_experiment.py and tools/kd_experiment.py start their runs with launch_run."""
-    import tools.runs as runs
 
     monkeypatch.setattr(runs, "versions", lambda: {"fedguard_commit": "abc"})
     d = tmp_path / "mnist-flip-distfl-s0"
