@@ -124,26 +124,14 @@ class FedAdamOptions:
 
 
 @dataclass(frozen=True)
-class FedYogiOptions:
-    """fedyogi's options: m ← β1·m + (1−β1)·Δ; v ← v − (1−β2)·Δ²·sign(v − Δ²); x ← x + lr·m/(√v + τ)."""
+class FedYogiOptions(FedAdamOptions):
+    """fedyogi's options: fedadam's fields and checks (β2 is the second-moment rate: v ← v − (1−β2)·Δ²·sign(v − Δ²);
+    x ← x + lr·m/(√v + τ)), with Flower's FedYogi defaults lr = 0.01 and τ = 1e-3."""
 
     # The server learning rate η.
     lr: float = 0.01
-    # The first-moment decay β1, in [0, 1).
-    beta1: float = 0.9
-    # The second-moment rate β2, in [0, 1).
-    beta2: float = 0.99
     # The adaptivity τ > 0 added to √v.
     tau: float = 1e-3
-    # Divide m by 1 − β1^t and v by 1 − β2^t (t = the step, from 1) as Adam does. Off in the paper and Flower.
-    bias_correction: bool = False
-
-    def validate(self) -> None:
-        _check_lr(self.lr)
-        _check_beta("beta1", self.beta1)
-        _check_beta("beta2", self.beta2)
-        _check_tau(self.tau)
-        _check_bool("bias_correction", self.bias_correction)
 
 
 @dataclass
