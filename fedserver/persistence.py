@@ -104,8 +104,9 @@ class Persistence:
     def register_tensor_slot(self, name: str, save: Callable[[], dict[str, torch.Tensor]],
                              load: Callable[[dict[str, torch.Tensor]], None]) -> None:
         """A server-side stage's tensors (a server optimizer's moments) travel with every snapshot under ``name``,
-        as one verified tensor file; on resume ``load`` gets them after every JSON slot was loaded. A snapshot with
-        no tensors for the slot (``save`` returned none) gives ``load`` nothing."""
+        as one verified tensor file; on resume ``load`` gets them after every JSON slot was loaded, or an empty dict
+        when the snapshot holds none for the slot (``save`` returned none); ``load`` raises
+        :class:`~fedserver.store.StoreError` when its JSON state says there should have been some."""
         if name in self._tensor_slots:
             raise ValueError(f"tensor slot {name!r} is already registered")
         self._tensor_slots[name] = (save, load)
@@ -191,6 +192,8 @@ class Persistence:
                                                      f"tensors of stage {name!r}, which this configuration does not "
                                                      "run; resume with the stage, or start over with --fresh")
             self._tensor_slots[name][1](tensors)
+        for name in sorted(set(self._tensor_slots) - set(stage_tensors)):
+            self._tensor_slots[name][1]({})  # none in the snapshot: the stage says whether its state allows that
         rows = loaded.history if snap.history_len >= 0 else snap.state.get("history", [])
         history = [RoundReport.from_dict(d) for d in rows]
         self._saved_history = len(history) if snap.history_len >= 0 else 0

@@ -17,6 +17,7 @@ import torch
 from fedcore.server_opt import ServerOptimizer, ServerOptState, make
 from fedserver.global_models import GlobalModels
 from fedserver.stage import JsonState, ModelStep, ServerParts, Stage, TensorState
+from fedserver.store import StoreError
 
 NAME = "server_optimizer"
 
@@ -31,10 +32,6 @@ class ServerOptimizerShell:
         self._saved_step = 0  # the step the snapshot's JSON part named, for its tensors
 
     def __call__(self, step: ModelStep) -> ModelStep:
-        if self.state is None and self._saved_step > 0:  # a snapshot named a step but held no moments: never guess
-            raise RuntimeError(f"server_optimizer: the snapshot resumed from is at step {self._saved_step} but holds "
-                               "no optimizer tensors; restore the run directory's state from a copy, or start over "
-                               "with --fresh")
         params = dict(step.previous)
         delta = {name: step.proposed[name] - x for name, x in params.items()}
         state = self.state if self.state is not None else self.optimizer.init(params)
@@ -58,6 +55,13 @@ class ServerOptimizerShell:
         return {} if self.state is None else self.state.to_tensors()
 
     def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        if not tensors:
+            if self._saved_step > 0:  # a snapshot named a step but held no moments: never restart them silently
+                raise StoreError(f"server_optimizer: the snapshot resumed from is at step {self._saved_step} but "
+                                 "holds no optimizer tensors; nothing was changed. Ways on: restore the run "
+                                 "directory's state/ from a copy, or start over with --fresh (the old state is moved "
+                                 "aside)")
+            return
         params = self.models.unflatten(self.models.flat())
         self.state = self.optimizer.load(self._saved_step, tensors, params)
 

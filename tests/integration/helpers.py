@@ -92,3 +92,29 @@ def run_federation(config: ServerConfig, num_clients: int, timeout: float = 120.
                for i in range(num_clients)]
     status = srv.wait(timeout)
     return status, [c.join(30) for c in clients]
+
+
+def stop_then_resume(config: ServerConfig, num_clients: int, after_rounds: int = 2, timeout: float = 120.0) -> Any:
+    """Serve ``config`` with ``num_clients`` embedded FedClients (client-i on shard i), stop the server gracefully
+    once ``after_rounds`` rounds completed, start it again on the same address and let the clients re-join unaided
+    until the federation ends; returns the resumed server's final status (the stop is asserted to have left the
+    federation unfinished)."""
+    import time
+
+    from fedclient import ClientConfig, FedClient
+    from fedserver import ServerThread
+
+    srv = ServerThread(config, linger_s=0.5).start()
+    clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
+                                      long_poll_s=1.0, backoff_initial_s=0.05, backoff_max_s=0.3,
+                                      give_up_after_s=60)).start() for i in range(num_clients)]
+    deadline = time.monotonic() + 60
+    while len(srv.coordinator.history) < after_rounds and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.01)
+    srv.stop()
+    assert srv.result is not None and not srv.result.finished
+    config.server.address = f"127.0.0.1:{srv.address.rsplit(':', 1)[1]}"
+    status = ServerThread(config, linger_s=1.0).start().wait(timeout)
+    for c in clients:
+        c.join(30)
+    return status

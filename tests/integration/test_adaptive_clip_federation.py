@@ -8,21 +8,18 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from fedclient import ClientConfig, FedClient
 from fedcore import privacy
 from fedcore.adaptive_clip import COUNT_NOISE
 from fedcore.config import ServerConfig
 from fedcore.seeds import derive_seed
 from fedcore.serialization import load_state
-from fedserver import ServerThread
-from tests.integration.helpers import run_federation, server_config
+from tests.integration.helpers import run_federation, server_config, stop_then_resume
 
 N = K = 4
 ROUNDS = 5
@@ -105,28 +102,11 @@ def test_the_clip_norm_adapts_per_round_and_is_accounted(adaptive_run: Path) -> 
     assert [r["dp_epsilon"] for r in rows] == sorted(r["dp_epsilon"] for r in rows)
 
 
-def _clients(address: str) -> list[FedClient]:
-    return [FedClient(ClientConfig(insecure=True, server=address, client_id=f"client-{i}", data_index=i,
-                                   long_poll_s=1.0, backoff_initial_s=0.05, backoff_max_s=0.3,
-                                   give_up_after_s=60)).start() for i in range(N)]
-
-
 def test_a_stop_and_resume_carries_the_clip_norm_on_bit_for_bit(tmp_path: Path, adaptive_run: Path) -> None:
     uninterrupted, rows = _final(adaptive_run), _rows(adaptive_run)
 
     cfg = _cfg(tmp_path / "two", adaptive_clip=ADAPTIVE)
-    srv = ServerThread(cfg, linger_s=0.5).start()
-    clients = _clients(srv.address)
-    deadline = time.monotonic() + 60
-    while len(srv.coordinator.history) < 2 and time.monotonic() < deadline:  # type: ignore[union-attr]
-        time.sleep(0.01)
-    srv.stop()
-    assert srv.result is not None and not srv.result.finished
-    cfg.server.address = f"127.0.0.1:{srv.address.rsplit(':', 1)[1]}"
-    srv2 = ServerThread(cfg, linger_s=1.0).start()  # the same address: the clients re-join unaided
-    status = srv2.wait(120)
-    for c in clients:
-        c.join(30)
+    status = stop_then_resume(cfg, N)
     assert status is not None and status.outcome == "completed" and 2 <= status.resumed_from < ROUNDS
     final = _final(tmp_path / "two")
     assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)

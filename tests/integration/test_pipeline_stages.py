@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,13 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from fedclient import ClientConfig, FedClient
 from fedcore.config import ConfigError, ServerConfig
 from fedcore.models import build_model
 from fedcore.serialization import load_state
 from fedserver import ServerThread
 from fedserver.stage import STAGES
-from tests.integration.helpers import run_federation, server_config
+from tests.integration.helpers import run_federation, server_config, stop_then_resume
 from tests.unit.test_extending import example
 
 N = 3
@@ -101,12 +99,6 @@ def test_the_docs_server_stage_refuses_a_bad_option_naming_the_field(tmp_path: P
         ServerThread(_cfg(tmp_path / "b", 1, pipeline={"stages": [{"name": "nope"}]})).start()
 
 
-def _clients(address: str) -> list[FedClient]:
-    return [FedClient(ClientConfig(insecure=True, server=address, client_id=f"client-{i}", data_index=i,
-                                   long_poll_s=1.0, backoff_initial_s=0.05, backoff_max_s=0.3,
-                                   give_up_after_s=60)).start() for i in range(N)]
-
-
 @pytest.mark.parametrize("name", ["fedadam", "fedyogi", "fedavgm"])
 def test_a_server_optimizer_resumes_bit_identically(tmp_path: Path, name: str) -> None:
     opt = {"name": name, "options": {"lr": 0.05} if name != "fedavgm" else {"lr": 1.0, "momentum": 0.9}}
@@ -116,18 +108,7 @@ def test_a_server_optimizer_resumes_bit_identically(tmp_path: Path, name: str) -
     assert not all(torch.equal(uninterrupted[k], v) for k, v in _federate(_cfg(tmp_path / "p", 4)).items())
 
     cfg = _cfg(tmp_path / "two", 4, server_optimizer=opt, server={"address": "127.0.0.1:0"})
-    srv = ServerThread(cfg, linger_s=0.5).start()
-    clients = _clients(srv.address)
-    deadline = time.monotonic() + 60
-    while len(srv.coordinator.history) < 2 and time.monotonic() < deadline:  # type: ignore[union-attr]
-        time.sleep(0.01)
-    srv.stop()
-    assert srv.result is not None and not srv.result.finished
-    cfg.server.address = f"127.0.0.1:{srv.address.rsplit(':', 1)[1]}"
-    srv2 = ServerThread(cfg, linger_s=1.0).start()  # the same address: the clients re-join unaided
-    status = srv2.wait(120)
-    for c in clients:
-        c.join(30)
+    status = stop_then_resume(cfg, N)
     assert status is not None and status.outcome == "completed" and 2 <= status.resumed_from < 4
     final = _final(tmp_path / "two" / "run")
     assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)

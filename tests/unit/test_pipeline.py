@@ -18,6 +18,7 @@ from fedserver.global_models import GlobalModels
 from fedserver.pipeline import DEFAULT_STAGES, Pipeline
 from fedserver.server_optimizer import ServerOptimizerShell
 from fedserver.stage import STAGES, ModelStep, ServerParts, Stage, register_stage
+from fedserver.store import StoreError
 from tests.integration.helpers import server_config
 
 
@@ -116,9 +117,13 @@ def test_the_server_optimizer_never_restarts_its_moments_silently() -> None:
     again.load_tensors(tensors)
     assert torch.equal(again(step).proposed["w"], shell(step).proposed["w"])  # the same state, the same step
     lost = ServerOptimizerShell(make("fedadam"), models)
-    lost.load(saved)  # the JSON part names step 1, the tensors never came
-    with pytest.raises(RuntimeError, match="at step 1 but holds no optimizer tensors"):
-        lost(step)
+    lost.load(saved)  # the JSON part names step 1, the snapshot holds no tensors
+    with pytest.raises(StoreError, match="at step 1 but holds no optimizer tensors; nothing was changed"):
+        lost.load_tensors({})
+    fresh = ServerOptimizerShell(make("fedadam"), models)
+    fresh.load({"optimizer": "fedadam", "step": 0})
+    fresh.load_tensors({})  # round 0's snapshot: no moments yet, nothing to refuse
+    assert fresh.state is None
     with pytest.raises(ValueError, match="the snapshot's state is for 'fedyogi'"):
         lost.load({"optimizer": "fedyogi", "step": 1})
     assert out.metrics == {"server_opt_step": 1.0}
