@@ -19,12 +19,14 @@ import sys
 import threading
 from types import FrameType
 
-# Only what the parser needs is imported here: ``fedclient --help`` answers without importing torch.
 from fedcore.about import VersionAction
-from fedcore.names import ATTACKS, DATASETS, described, one_of
 
-# The attack registry's names (fedcore.attacks.poisoning.ATTACKS), from the torch-free fedcore.names.
-ATTACK_KINDS = ATTACKS
+# Only what the parser needs is imported here: ``fedclient --help`` answers without importing torch.
+from fedcore.config import TOKEN_ENV, ClientConfig, ConfigError, build_config, parse_override
+from fedcore.plugins import described, names, one_of
+
+# The attack registry's names (fedcore.attacks.config.ATTACKS; no torch for --help).
+ATTACK_KINDS = names("ATTACKS")
 
 _FLAGS = {
     "server": (str, "server address host:port"),
@@ -36,8 +38,8 @@ _FLAGS = {
     "key": (str, "PEM key of the client certificate"),
     "server_name": (str, "name to check the server certificate against (default: the host in --server)"),
     "signing_key": (str, "Ed25519 key that signs every request (fedguard-certs keygen)"),
-    "dataset": (str, f"this client's own dataset: {one_of(DATASETS)} (default: the server's, with its partition "
-                     "options only)"),
+    "dataset": (str, f"this client's own dataset: {one_of(names('DATASETS'))} (default: the server's, with its "
+                     "partition options only)"),
     "state_dir": (str, "directory that keeps the client's identity across restarts"),
     "data_index": (int, "shard index of the server's dataset (simulation)"),
     "trainer": (str, "this client's own trainer (default: the method the server announces, [recovery] method): "
@@ -91,7 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from fedcore.config import TOKEN_ENV, ClientConfig, ConfigError, build_config, parse_override
     from fedcore.log import configure_logging
 
     overrides = [parse_override(s) for s in args.set]

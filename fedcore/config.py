@@ -18,24 +18,25 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fedcore.adaptive_clip import AdaptiveClipConfig
-from fedcore.aggregation import AggregationConfig, build_rule, check_memory
-from fedcore.aggregation.config import LEGACY_RULE_OPTIONS
-from fedcore.attacks import AttackConfig
-from fedcore.attacks.harness import SimulationHarnessConfig
-from fedcore.attacks.poisoning import LEGACY_ATTACK_OPTIONS
-from fedcore.data import DataError, available_datasets, check_dataset
+from fedcore.aggregation.config import AggregationConfig, build_rule
+from fedcore.attacks.config import AttackConfig, SimulationHarnessConfig
+from fedcore.data.base import DataError, available_datasets, check_dataset
 from fedcore.distfl.config import DistflConfig
 from fedcore.errors import ConfigError as ConfigError  # re-exported: the old import path keeps working
 from fedcore.errors import require
-from fedcore.models import check_model_kwargs
-from fedcore.nfl.config import LEGACY_DETECTOR_OPTIONS, OFF, NflConfig, NflSettings, fitted
+from fedcore.migrate import LEGACY_ATTACK_OPTIONS, LEGACY_DETECTOR_OPTIONS, LEGACY_RULE_OPTIONS
+from fedcore.models.registry import check_model_kwargs
+from fedcore.nfl.config import OFF, NflConfig, NflSettings, fitted
 from fedcore.options import from_dict as from_dict  # re-exported
+from fedcore.options import parse_override as parse_override  # re-exported
 from fedcore.options import to_dict as to_dict  # re-exported
 from fedcore.pipeline_config import PipelineConfig
 from fedcore.privacy import DpConfig
+from fedcore.rounds import RoundsConfig as RoundsConfig  # re-exported: the section lives beside the round machine
 from fedcore.server_opt.config import ServerOptimizerConfig
 from fedcore.simulation import SimulationConfig
-from fedcore.train.trainers import TRAINERS, make_trainer
+from fedcore.train.registry import TRAINERS
+from fedcore.train.registry import RecoveryConfig as RecoveryConfig  # re-exported: beside the trainers
 from fedcore.training_config import TrainingConfig as TrainingConfig  # re-exported
 from fedcore.training_config import validate_training_config as validate_training_config  # re-exported
 
@@ -55,44 +56,6 @@ class DataConfig:
     # The dataset's and its partition's options (e.g. num_clients, partition = "noniid-mixed"), announced to the
     # clients; an announcement never sets a client's paths or downloads.
     options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class RoundsConfig:
-    # Rounds to run; the federation finishes after the last (a restart with a larger value carries on).
-    num_rounds: int = 10
-    # K: updates that close a round.
-    clients_per_round: int = 10
-    # Select ceil(K * over_select) clients; the first K updates close the round, so stragglers do not hold it.
-    # Which K arrive first depends on timing: bit-identical reruns need 1.0 (the default).
-    over_select: float = 1.0
-    # A round whose deadline passes, or whose selected clients have all answered or been lost, aggregates when it
-    # has at least this many updates (else it is abandoned and re-run); 0 means half of K, rounded up, so one
-    # lost device never stops a federation.
-    min_updates: int = 0
-    # Clients that must be available before a round starts; 0 means K. Once the fleet has assembled (reached
-    # it once), a round also starts when every live client is available and there are at least min_updates:
-    # a lost device is not waited for.
-    min_available: int = 0
-    # A round's deadline in seconds from its start: it then aggregates with at least min_updates updates, or is
-    # re-run.
-    round_timeout_s: float = 60.0
-    # How long to wait for enough available clients before giving up on the federation (exit status 3).
-    sampling_timeout_s: float = 300.0
-    # Seed of every server draw (selection by seed, round and attempt; DP noise; the initial model).
-    seed: int = 0
-
-    @property
-    def effective_min_updates(self) -> int:
-        return self.min_updates or math.ceil(self.clients_per_round / 2)
-
-    @property
-    def effective_min_available(self) -> int:
-        return self.min_available or self.clients_per_round
-
-    @property
-    def num_selected(self) -> int:
-        return math.ceil(self.clients_per_round * self.over_select)
 
 
 @dataclass
@@ -178,18 +141,6 @@ class PersistenceConfig:
     # newest one that verifies, moving the unverified ones into state/quarantine/<time>/ (kept). Off by default:
     # the server then stops with exit 2 and names the snapshot and the ways on (fedserver --fall-back).
     fall_back: bool = False
-
-
-@dataclass
-class RecoveryConfig:
-    """The clients' recovery (personalization) method, announced at join (SPEC §7): a trainer registered on the
-    clients (:data:`fedcore.train.trainers.TRAINERS`; the trainers are listed under "Plugins" below) and its
-    options, which the trainer validates. A client that names its own ``trainer`` uses that instead."""
-
-    # The recovery trainer by registered name (default flguard: FL-GUARD model adaptation; vanilla: none).
-    method: str = "flguard"
-    # The method's options (e.g. {l_fb = 2}: flguard's partial-layer adaptation).
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -415,7 +366,7 @@ def validate_server_config(c: ServerConfig) -> None:
     try:
         c.aggregation.validate(r.clients_per_round, r.min_updates or None)
     except ValueError as e:
-        raise _aggregation_error(e) from None
+        raise aggregation_error(e) from None
     c.nfl.validate("nfl")
     c.distfl.validate("distfl")
     c.server_optimizer.validate("server_optimizer")
@@ -527,22 +478,12 @@ def effective_aggregation(c: ServerConfig) -> AggregationConfig:
     return c.aggregation
 
 
-def _aggregation_error(e: ValueError) -> ConfigError:
+def aggregation_error(e: ValueError) -> ConfigError:
     """fedcore.aggregation's messages start with the field name: re-root it under ``aggregation.``."""
     field_name, sep, message = str(e).partition(": ")
     if sep and all(part.isidentifier() for part in field_name.split(".")):  # "trim_m" or "options.trim_m"
         return ConfigError(f"aggregation.{field_name}", message)
     return ConfigError("aggregation", str(e))
-
-
-def check_aggregation_memory(c: ServerConfig, num_params: int) -> None:
-    """Refuse a rule/K/P combination that would not fit ``aggregation.memory_budget_bytes`` (0 = unchecked)."""
-    budget = c.aggregation.memory_budget_bytes
-    if budget:
-        try:
-            check_memory(effective_aggregation(c), c.rounds.clients_per_round, num_params, budget)
-        except ValueError as e:
-            raise _aggregation_error(e) from None
 
 
 def check_data_config(c: ServerConfig) -> None:
@@ -572,7 +513,7 @@ def check_trainer_options(name: str, options: Mapping[str, Any], field_path: str
     """Build trainer ``name`` with ``options`` so that the trainer validates them; its errors are re-rooted under
     ``field_path`` (``recovery.options.l_fb: ...``; a trainer that takes no options names the table itself)."""
     try:
-        make_trainer(name, options)
+        TRAINERS.get(name)(options)
     except ConfigError as e:
         raise (ConfigError(field_path, str(e).partition(": ")[2]) if e.field == "trainer"
                else e.under(field_path)) from None
@@ -738,18 +679,6 @@ def toml_literal(value: Any) -> str:
     if isinstance(value, Sequence):
         return "[" + ", ".join(toml_literal(v) for v in value) + "]"
     raise TypeError(f"cannot write {type(value).__name__} as TOML")
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``section.key=value`` with value read as a TOML literal (bare words are strings)."""
-    key, sep, raw = item.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError("--set", f"expected section.key=value, got {item!r}")
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return key.strip().split("."), value
 
 
 def merge_override(data: dict[str, Any], keys: list[str], value: Any) -> None:

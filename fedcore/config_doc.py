@@ -20,7 +20,7 @@ import textwrap
 import typing
 from typing import Any
 
-from fedcore import names
+from fedcore import plugins as plugin_lists
 from fedcore.config import ClientConfig, ServerConfig, toml_literal
 
 HEADER = """\
@@ -164,7 +164,7 @@ def section(cls: type, path: str, title: str, missing: list[str]) -> list[str]:
     return out
 
 
-# The config fields that name a plugin of each registry (keys of fedcore.names).
+# The config fields that name a plugin of each registry (keys of fedcore.plugins).
 PLUGIN_SLOTS = {
     "TRAINERS": ("Trainers", "`recovery.method`, a client's `trainer`"),
     "RULES": ("Aggregation rules", "`aggregation.rule`"),
@@ -189,7 +189,8 @@ def options_text(options: type | None) -> str:
 
 def plugins() -> list[str]:
     """The registered plugins by the field that names them, with their one-line summaries and their options."""
-    registered, lines, registries = names.registered(), names.registered_summaries(), names.registries()
+    registered = plugin_lists.listed()
+    lines, registries = plugin_lists.summaries(), plugin_lists.registries()
     out = ["## Plugins", "",
            "What the registries hold (`fedcore/registry.py`; adding one: [extending.md](extending.md)). A plugin's "
            "options go in the table beside the field that names it (`recovery.options`, `trainer_options`).", ""]
@@ -197,11 +198,11 @@ def plugins() -> list[str]:
         out += [f"### {title}", "", f"Named by {slot}.", ""]
         summaries = lines.get(key, {})
         registry = registries.get(key)
-        with_options = registry is not None and any(registry.plugin(n).options is not None for n in registered[key])
+        with_options = registry is not None and any(registry.options_type(n) is not None for n in registered[key])
         if summaries and registry is not None and with_options:
             out += ["| name | what it is | options |", "| --- | --- | --- |"]
             for n in registered[key]:
-                options = _cell(options_text(registry.plugin(n).options_type()))
+                options = _cell(options_text(registry.options_type(n)))
                 out.append(f"| `{n}` | {_cell(summaries.get(n, ''))} | {options} |")
         elif summaries:
             out += ["| name | what it is |", "| --- | --- |"]

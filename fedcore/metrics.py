@@ -1,6 +1,6 @@
 """Evaluation metrics of the NFL papers: local/central accuracy, private models, β, attack success rate.
 
-Accuracies are fractions in [0, 1] (as :func:`fedcore.train.evaluate` returns them); β is in the same unit, so
+Accuracies are fractions in [0, 1] (as :func:`fedcore.train.evaluation` returns them); β is in the same unit, so
 multiply by 100 to compare with the papers' percentage points.
 
 - Local accuracy (LINDT/FL-GUARD "local"): the model a client uses for inference, on that client's test split.
@@ -26,11 +26,12 @@ from typing import Generic, TypeVar
 import torch
 from torch import nn
 
-from fedcore.config import TrainingConfig
 from fedcore.data.base import ClientData
-from fedcore.seeds import PRIVATE_BATCHES, PRIVATE_DROPOUT, PRIVATE_INIT, derive_seed, seeded_global_rng
+from fedcore.seeds import PRIVATE_BATCHES, PRIVATE_DROPOUT, PRIVATE_INIT, derive_seed
 from fedcore.serialization import load_state, save_state
+from fedcore.torch_rng import seeded_global_rng
 from fedcore.train import evaluate, train_local
+from fedcore.training_config import TrainingConfig
 
 K = TypeVar("K", bound=Hashable)
 

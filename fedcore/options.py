@@ -7,6 +7,7 @@ importing :mod:`fedcore.config`, which imports them.
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -104,3 +105,15 @@ def join(path: str, key: str) -> str:
 def to_dict(obj: Any) -> dict[str, Any]:
     """A dataclass as plain nested dicts (what a TOML table or a JSON record holds)."""
     return dataclasses.asdict(obj)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``section.key=value`` with value read as a TOML literal (bare words are strings)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError("--set", f"expected section.key=value, got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.strip().split("."), value

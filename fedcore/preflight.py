@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from fedcore.config import ServerConfig, check_aggregation_memory, check_data_config
+from fedcore.aggregation.memory import check_memory
+from fedcore.config import ServerConfig, aggregation_error, check_data_config, effective_aggregation
 from fedcore.data import DataError, SampleShape, load_client_data, sample_shape
 from fedcore.errors import ConfigError
 from fedcore.models import InputShape, available_models, build_model, model_input
@@ -236,3 +237,13 @@ def check_server_config(config: ServerConfig, num_clients: int | None = None) ->
     num_params = check_model_on_data(config, data)
     check_aggregation_memory(config, num_params)
     return num_params
+
+
+def check_aggregation_memory(c: ServerConfig, num_params: int) -> None:
+    """Refuse a rule/K/P combination that would not fit ``aggregation.memory_budget_bytes`` (0 = unchecked)."""
+    budget = c.aggregation.memory_budget_bytes
+    if budget:
+        try:
+            check_memory(effective_aggregation(c), c.rounds.clients_per_round, num_params, budget)
+        except ValueError as e:
+            raise aggregation_error(e) from None

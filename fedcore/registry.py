@@ -3,9 +3,14 @@
 A plugin registers a name, the factory that builds it, the frozen dataclass of its options and one line saying what
 it is. The top-level configuration holds ``name + options`` per slot and hands the options to the plugin
 (:meth:`Registry.parse_options`), so an error names the config field (``recovery.options.l_fb: ...``); the command
-lines and the configuration reference list the names and the lines (:mod:`fedcore.names`,
-:mod:`fedcore.config_doc`). A leaf module: it imports only :mod:`fedcore.errors` and :mod:`fedcore.options`, so
-any part of fedcore can hold a registry without an import circle.
+lines and the configuration reference list the names and the lines (:mod:`fedcore.config_doc`). A leaf module:
+it imports only :mod:`fedcore.errors` and :mod:`fedcore.options`, so any part of fedcore can hold a registry without
+an import circle.
+
+Built-in plugins are *declared* (:meth:`Registry.declare`): their name, their one line and the module that
+registers them, in the torch-free module that holds the registry. The names are then known without importing the
+implementation (``--help``, configuration checks, ``import fedcore.config`` load no torch); the module is imported
+when a plugin is first looked up, and registers it there with :meth:`Registry.add`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,16 @@ class Plugin(Generic[T]):
         return self.options
 
 
+@dataclass(frozen=True)
+class Declared:
+    """A plugin known by name before its module is imported (:meth:`Registry.declare`)."""
+
+    module: str
+    options: type | str | None
+    summary: str
+    options_at_registration: bool = False
+
+
 class Registry(Generic[T]):
     """Maps names to plugins; unknown names raise ``error`` listing the known ones."""
 
@@ -50,16 +65,37 @@ class Registry(Generic[T]):
         self.kind = kind
         self.error = error
         self._entries: dict[str, Plugin[T]] = {}
+        # Declared, not yet registered: name -> what registers it, its options' dataclass and its one line.
+        self._declared: dict[str, Declared] = {}
+
+    def declare(self, name: str, module: str, *, options: type | str | None = None, summary: str,
+                options_at_registration: bool = False) -> None:
+        """Make ``name`` known before its implementation is imported: ``module`` registers it (:meth:`add`) when
+        imported, which the first :meth:`plugin` / :meth:`get` of ``name`` does. ``options`` (its options'
+        dataclass, best from a torch-free module, so that reading a configuration imports no implementation) and
+        ``summary`` (its one line) are the plugin's; the registration in ``module`` gives neither again -- unless
+        ``options_at_registration``: the options are made when it registers (a model's, from its factory's
+        keywords), and asking for them imports ``module``."""
+        if name in self._entries or name in self._declared:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        self._declared[name] = Declared(module, options, summary, options_at_registration)
 
     def add(self, name: str, entry: T, *, options: type | str | None = None, summary: str = "",
             replace: bool = False) -> None:
-        """Register ``entry`` (a factory, a loader, a step function) under ``name``."""
+        """Register ``entry`` (a factory, a loader, a step function) under ``name``; a declared name takes its
+        declared one line unless ``summary`` gives another."""
         if name in self._entries and not replace:
             raise ValueError(f"{self.kind} {name!r} is already registered")
+        declared = self._declared.pop(name, None)
+        if declared is not None:
+            options = declared.options if options is None else options
+            summary = summary or declared.summary
         self._entries[name] = Plugin(name, entry, options, summary)
 
     def remove(self, name: str) -> None:
         """Forget ``name`` (a plugin unloaded, a test's temporary entry); unknown names raise ``error``."""
+        if self._declared.pop(name, None) is not None:
+            return
         self.plugin(name)
         del self._entries[name]
 
@@ -73,26 +109,47 @@ class Registry(Generic[T]):
         return deco
 
     def plugin(self, name: str) -> Plugin[T]:
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise self.error(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}") from None
+        entry = self._entries.get(name)
+        if entry is not None:
+            return entry
+        declared = self._declared.get(name)
+        if declared is None:
+            raise self.error(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+        importlib.import_module(declared.module)
+        entry = self._entries.get(name)
+        if entry is None:
+            raise RuntimeError(f"{self.kind} {name!r} is declared in {declared.module}, which did not register it")
+        return entry
+
+    def options_type(self, name: str) -> type | None:
+        """Plugin ``name``'s options dataclass (None: it takes none); a declared plugin's without importing it."""
+        declared = self._declared.get(name)
+        if declared is not None and not declared.options_at_registration:
+            return Plugin(name, None, declared.options).options_type()
+        return self.plugin(name).options_type()
 
     def get(self, name: str) -> T:
         """The factory registered under ``name``."""
         return self.plugin(name).factory
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        """Every name, registered or declared (no implementation is imported)."""
+        return sorted([*self._entries, *self._declared])
 
     def summaries(self) -> dict[str, str]:
-        """Name -> the one line each plugin registered about itself, by name."""
-        return {name: self._entries[name].summary for name in self.names()}
+        """Name -> the one line each plugin registered or was declared with, by name."""
+        return {name: self._entries[name].summary if name in self._entries else self._declared[name].summary
+                for name in self.names()}
+
+    def declared_in(self, name: str) -> str | None:
+        """The module a declared, not yet registered ``name`` is registered by (None once registered)."""
+        declared = self._declared.get(name)
+        return None if declared is None else declared.module
 
     def parse_options(self, name: str, table: Mapping[str, Any] | None, path: str) -> Any:
         """Plugin ``name``'s options decoded from ``table`` and validated by the plugin's dataclass (its
         ``validate()`` when it has one); every error is a :class:`ConfigError` naming ``path.<field>``."""
-        options_type = self.plugin(name).options_type()
+        options_type = self.options_type(name)
         table = dict(table or {})
         if options_type is None:
             if table:
@@ -109,7 +166,7 @@ class Registry(Generic[T]):
         plugin's options are a :class:`ConfigError` naming ``path``. An unknown name leaves ``options`` as given."""
         if name not in self:
             return options
-        options_type = self.plugin(name).options_type()
+        options_type = self.options_type(name)
         if options is None or (isinstance(options, Mapping) and not options and options_type is None):
             return None if options_type is None else options_type()
         if isinstance(options, Mapping):
@@ -142,14 +199,14 @@ class Registry(Generic[T]):
                 raise ConfigError(path, str(e)) from None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._entries or name in self._declared
 
 
 def option_names(registry: Registry[Any], name: str) -> list[str]:
     """The option fields plugin ``name`` declares (none for an unknown name or a plugin without options)."""
     if name not in registry:
         return []
-    options_type = registry.plugin(name).options_type()
+    options_type = registry.options_type(name)
     if options_type is None:
         return []
     return [f.name for f in dataclasses.fields(options_type) if f.init]
@@ -207,3 +264,19 @@ def options_as(options: Any, cls: type[T], what: str) -> T:
     if not isinstance(options, cls):
         raise TypeError(f"{what}: expected {cls.__name__} options, got {type(options).__name__}")
     return options
+
+
+def deferred(path: str) -> Callable[..., Any]:
+    """The callable at ``"package.module:attribute"``, imported on its first call: a plugin registered in a
+    torch-free module whose implementation imports torch (a trainer's factory, an attack's update hook)."""
+    module, sep, attribute = path.partition(":")
+    if not (sep and module and attribute):
+        raise ValueError(f"expected 'package.module:attribute', got {path!r}")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        target: Callable[..., Any] = getattr(importlib.import_module(module), attribute)
+        return target(*args, **kwargs)
+
+    call.__name__ = attribute
+    call.__qualname__ = attribute
+    return call

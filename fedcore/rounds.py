@@ -14,12 +14,50 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fedcore.config import RoundsConfig
+
+@dataclass
+class RoundsConfig:
+    # Rounds to run; the federation finishes after the last (a restart with a larger value carries on).
+    num_rounds: int = 10
+    # K: updates that close a round.
+    clients_per_round: int = 10
+    # Select ceil(K * over_select) clients; the first K updates close the round, so stragglers do not hold it.
+    # Which K arrive first depends on timing: bit-identical reruns need 1.0 (the default).
+    over_select: float = 1.0
+    # A round whose deadline passes, or whose selected clients have all answered or been lost, aggregates when it
+    # has at least this many updates (else it is abandoned and re-run); 0 means half of K, rounded up, so one
+    # lost device never stops a federation.
+    min_updates: int = 0
+    # Clients that must be available before a round starts; 0 means K. Once the fleet has assembled (reached
+    # it once), a round also starts when every live client is available and there are at least min_updates:
+    # a lost device is not waited for.
+    min_available: int = 0
+    # A round's deadline in seconds from its start: it then aggregates with at least min_updates updates, or is
+    # re-run.
+    round_timeout_s: float = 60.0
+    # How long to wait for enough available clients before giving up on the federation (exit status 3).
+    sampling_timeout_s: float = 300.0
+    # Seed of every server draw (selection by seed, round and attempt; DP noise; the initial model).
+    seed: int = 0
+
+    @property
+    def effective_min_updates(self) -> int:
+        return self.min_updates or math.ceil(self.clients_per_round / 2)
+
+    @property
+    def effective_min_available(self) -> int:
+        return self.min_available or self.clients_per_round
+
+    @property
+    def num_selected(self) -> int:
+        return math.ceil(self.clients_per_round * self.over_select)
+
 
 SAMPLING, TRAINING, AGGREGATING, FINISHED = "sampling", "training", "aggregating", "finished"
 

@@ -21,8 +21,9 @@ different part tuples collide only with probability ~2^-63. ``derive_seed(1, 23)
 and ``derive_seed("1", 23)`` all differ.
 
 Draws that torch can only make from its process-global RNG (the default initialisers of ``nn`` layers) run under
-:data:`GLOBAL_RNG_LOCK`, with the global RNG forked and seeded (:func:`seeded_global_rng`), so that threads that
-build models concurrently (in-process "virtual" clients) cannot interleave their draws.
+:data:`GLOBAL_RNG_LOCK`, with the global RNG forked and seeded (:func:`fedcore.torch_rng.seeded_global_rng`), so that
+threads that build models concurrently (in-process "virtual" clients) cannot interleave their draws. This module is
+torch-free (configuration and seeds need no torch); the torch generators are in :mod:`fedcore.torch_rng`.
 """
 
 from __future__ import annotations
@@ -30,12 +31,9 @@ from __future__ import annotations
 import hashlib
 import operator
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 # ---- purposes ----
 BATCHES = "batches"
@@ -93,13 +91,6 @@ def _seed_of(h: Any) -> int:
     return int.from_bytes(h.digest(), "little") & _MASK
 
 
-def generator(*parts: int | str, device: torch.device | str = "cpu") -> torch.Generator:
-    """A fresh ``torch.Generator`` on ``device`` seeded with :func:`derive_seed` of ``parts``."""
-    g = torch.Generator(device=device)
-    g.manual_seed(derive_seed(*parts))
-    return g
-
-
 @dataclass(frozen=True)
 class RoundSeeds:
     """The seeds of one client's local training in one round."""
@@ -124,22 +115,3 @@ def round_seeds(federation_seed: int, client_id: str, round_: int) -> RoundSeeds
 def private_seed(federation_seed: int, client_id: str) -> int:
     """The root seed of a client's private model: ``derive_seed(federation_seed, client_id, PRIVATE)``."""
     return derive_seed(federation_seed, client_id, PRIVATE)
-
-
-@contextmanager
-def seeded_global_rng(seed: int) -> Iterator[None]:
-    """Hold :data:`GLOBAL_RNG_LOCK`, fork torch's global RNG and seed it with ``seed``; restore it on exit.
-
-    For code that can only draw from the global RNG (``nn`` layers' default initialisation). The CPU generator
-    is always forked and seeded; CUDA generators too when CUDA is already initialised (it is not initialised
-    here, so a CPU-only run does not create a CUDA context). Determinism also needs every *other* thread that
-    draws from the global RNG to hold the lock (:func:`fedcore.models.build_model` does).
-    """
-    with GLOBAL_RNG_LOCK:
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-        devices = list(range(torch.cuda.device_count())) if cuda else []
-        with torch.random.fork_rng(devices=devices, device_type="cuda"):
-            torch.default_generator.manual_seed(seed)
-            if cuda:
-                torch.cuda.manual_seed_all(seed)
-            yield

@@ -31,9 +31,12 @@ from torch import nn
 
 from fedcore.config import ConfigError, FederationInfo, validate_training_config
 from fedcore.data import available_datasets, remote_options
-from fedcore.models import ModelError, is_registered_model, resolve_factory
-from fedcore.seeds import seeded_global_rng
+from fedcore.models.build import build_model, resolve_factory
+from fedcore.models.registry import ModelError, is_registered_model
 from fedcore.serialization import TensorMeta, manifest_of, total_bytes
+from fedcore.torch_rng import seeded_global_rng
+from fedcore.train.registry import TRAINERS
+from fedcore.train.trainers import make_trainer
 
 MAX_JSON_DEPTH = 4
 MAX_JSON_ITEMS = 4096
@@ -128,8 +131,6 @@ def build_announced_model(fed: FederationInfo, max_model_bytes: int) -> nn.Modul
             if len(_VERIFIED) >= _VERIFIED_MAX:
                 _VERIFIED.clear()
             _VERIFIED.add(key)
-    from fedcore.models import build_model
-
     return build_model(name, kwargs)
 
 
@@ -178,8 +179,6 @@ def announced_data(fed: FederationInfo, own_dataset: str = "",
 
 def announced_trainer(fed: FederationInfo) -> tuple[str, dict[str, Any]]:
     """The recovery method (a trainer registered on this client) and options the server announces."""
-    from fedcore.train.trainers import TRAINERS, make_trainer
-
     name = fed.recovery_method
     if name not in TRAINERS:
         raise TrustError("recovery_method", f"{name[:80]!r} is not a trainer this client knows "

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedcore.names import ATTACKS, one_of
+from fedcore import plugins
+from fedcore.config import ConfigError, toml_literal
+from fedcore.plugins import one_of
 from fedlaunch.credentials import make_tls_dir
 from fedlaunch.follow import watch
 from fedlaunch.hosts import run_worker
@@ -51,8 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         return run_worker(wp.parse_args(argv[1:]).spec)
     args = build_parser().parse_args(argv)
     t0 = time.monotonic()
-    from fedcore.config import ConfigError
-
     try:
         rc = _main(args, given_options(argv), t0)
     except ConfigError as e:
@@ -73,8 +73,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace, given: dict[str, Any], t0: float) -> int:
     """Resolve the arguments (``--resume``: the saved ones), check everything, then launch."""
-    from fedcore.config import ConfigError
-
     run_dir = Path(args.run_dir)
     names = list(vars(build_parser().parse_args([])))
     if args.resume and (run_dir / LAUNCH_FILE).exists():
@@ -108,14 +106,12 @@ def _main(args: argparse.Namespace, given: dict[str, Any], t0: float) -> int:
         if not args.insecure:
             raise ConfigError("--knowledge", "full turns on the server's full-knowledge test harness, a simulation "
                                              "option refused with (mutual) TLS: add --insecure")
-        from fedcore.config import toml_literal
-
         # The harness crafts what the attackers would: the same attack table, on the server.
         args.server_set = [*args.server_set, "simulation_harness.full_knowledge_adversary=true",
                            *(f"simulation_harness.attack.{k}={toml_literal(v)}" for k, v in attack.items())]
     if args.attackers and attack.get("kind", "none") == "none":
-        raise ConfigError("--attackers", f"needs an attack kind: --attack {one_of(ATTACKS[1:])} (or [launch.attack] "
-                                         "kind)")
+        kinds = tuple(kind for kind in plugins.names("ATTACKS") if kind != "none")
+        raise ConfigError("--attackers", f"needs an attack kind: --attack {one_of(kinds)} (or [launch.attack] kind)")
     if args.min_available is None and not configures_min_available(args):
         args.min_available = args.clients
     try:

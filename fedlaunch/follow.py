@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from fedcore.config import ClientConfig
 from fedcore.report import FederationStatus, RoundReport
 from fedlaunch.credentials import OPERATOR_TOKEN, STATUS_CLIENT, client_tls_options
 from fedlaunch.logs import clients_waiting
@@ -59,7 +60,6 @@ def watch(launch: Launch, run_dir: Path, interval: float = 0.1, out: IO[str] = s
     import grpc
 
     from fedclient.transport import open_channel
-    from fedcore.config import ClientConfig
     from fedguard.v1 import fedguard_pb2_grpc as pb_grpc
 
     channel = open_channel(ClientConfig(server=launch.address, **client_tls_options(tls_dir, STATUS_CLIENT)))

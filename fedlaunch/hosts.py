@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedcore.config import from_dict
 from fedlaunch.credentials import client_tls_options
 from fedlaunch.plan import client_id
 
@@ -80,7 +81,6 @@ def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
     from fedclient import ClientConfig, FedClient
     from fedclient.transport import ChannelPool
     from fedcore.attacks import AttackConfig
-    from fedcore.config import from_dict
     from fedcore.log import configure_logging
     from fedcore.simulation import SimulationConfig
     from fedcore.startup_gc import freeze_startup_objects

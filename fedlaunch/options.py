@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.about import VersionAction
-from fedcore.names import ATTACKS, DATASETS, DETECTORS, MODELS, NFL_MODES, RULES, TRAINERS, one_of
+from fedcore.config import ConfigError, load_toml, merge_override, parse_override
+from fedcore.plugins import names, one_of
 
 DESCRIPTION = """``fedguard-launch``: one ``fedserver`` plus N clients, printing one line per round.
 
@@ -46,7 +47,7 @@ LAUNCH_KEYS = {"clients", "virtual", "procs", "attackers", "attack", "private_ep
                "device", "holdouts"}
 
 
-TRAINER_CHOICES = TRAINERS  # the trainer registry's names (fedcore.names: no torch for --help)
+TRAINER_CHOICES = names("TRAINERS")  # the trainer registry's names (no torch for --help)
 
 
 # Launcher options that define the federation: changing one on --resume is refused, naming it.
@@ -65,8 +66,6 @@ LOCAL_DATA_OPTIONS = ("data_dir", "path", "source", "cache_dir", "download")
 def split_experiment(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read an experiment file: its ``[launch]`` table and the server part. :class:`ConfigError` names an unknown
     ``[launch]`` key and the known ones."""
-    from fedcore.config import ConfigError, load_toml
-
     data = load_toml(path)
     launch = data.pop("launch", {})
     if not isinstance(launch, dict):
@@ -79,8 +78,6 @@ def split_experiment(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
 def local_data_options(server_part: dict[str, Any], server_set: list[str]) -> dict[str, Any]:
     """The local dataset options (``data_dir``, ...) of the server configuration, which clients get from the
     launcher (a server never announces paths)."""
-    from fedcore.config import merge_override, parse_override
-
     data: dict[str, Any] = json.loads(json.dumps(server_part))
     for item in server_set:
         keys, value = parse_override(item)
@@ -107,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, help="server seed (default: the config's, else 0)")
     ap.add_argument("--config", help="experiment file: server TOML plus an optional [launch] table")
     ap.add_argument("--server-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="any server configuration field (a TOML value), e.g. model.name (" + one_of(MODELS) +
-                         "), data.dataset (" + one_of(DATASETS) + "), aggregation.rule (" + one_of(RULES) +
-                         "), nfl.detector (" + one_of(DETECTORS) + "); repeatable")
+                    help="any server configuration field (a TOML value), e.g. model.name (" + one_of(names("MODELS"))
+                         + "), data.dataset (" + one_of(names("DATASETS")) + "), aggregation.rule ("
+                         + one_of(names("RULES")) + "), nfl.detector (" + one_of(names("DETECTORS")) + "); repeatable")
     ap.add_argument("--virtual", action="store_true", default=None, help="host many clients per process (threads)")
     ap.add_argument("--procs", type=int, help="client processes in --virtual mode (default 2)")
     ap.add_argument("--trainer", choices=TRAINER_CHOICES,
@@ -117,10 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "configured; e.g. --server-set recovery.method='ditto')")
     ap.add_argument("--holdouts", type=float,
                     help="fraction of the benign clients that opt out of recovery (vanilla holdouts; default 0)")
-    ap.add_argument("--nfl-mode", choices=NFL_MODES,
+    ap.add_argument("--nfl-mode", choices=names("NFL_MODES"),
                     help="the server's [nfl] mode (default: the config's, else detect-and-recover)")
     ap.add_argument("--attackers", type=float, help="fraction of clients that attack (default 0)")
-    ap.add_argument("--attack", choices=ATTACKS,
+    ap.add_argument("--attack", choices=names("ATTACKS"),
                     help="attack kind: label_flip, backdoor (data poisoning), model_replacement, stat_opt, dyn_opt "
                          "(model poisoning); options via the experiment file's [launch.attack] table or --attack-set")
     ap.add_argument("--attack-set", action="append", default=[], metavar="KEY=VALUE",
@@ -192,8 +189,6 @@ def _jsonable(value: Any) -> Any:
 def resume_arguments(run_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
     """The launcher arguments saved in ``RUN_DIR/launch.json`` with this command line's flags over them; a flag
     that would change the federation (:data:`FEDERATION_OPTIONS`) is a :class:`ConfigError` naming it."""
-    from fedcore.config import ConfigError
-
     saved: dict[str, Any] = json.loads((run_dir / LAUNCH_FILE).read_text())["arguments"]
     defaults = _jsonable(vars(build_parser().parse_args([])))
     for key in FEDERATION_OPTIONS:

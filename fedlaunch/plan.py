@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fedcore.config import ClientConfig, ConfigError, from_dict, parse_override
 from fedlaunch.credentials import server_tls_flags
 
 
@@ -44,7 +45,6 @@ def simulation_plan(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     malformed value (checked here, before anything starts)."""
     import numpy as np
 
-    from fedcore.config import ConfigError, from_dict
     from fedcore.simulation import SimulationConfig, load_trace, trace_windows
 
     if not 0 <= args.stragglers <= 1:
@@ -86,8 +86,6 @@ def attack_table(base: dict[str, Any], attack_set: list[str], kind: str | None,
                  knowledge: str | None) -> dict[str, Any]:
     """The attackers' attack table: the experiment file's ``[launch.attack]``, then each ``--attack-set KEY=VALUE``
     (a TOML value; a bare word is a string), then ``--attack`` and ``--knowledge``. ValueError names the item."""
-    from fedcore.config import ConfigError, from_dict, parse_override
-
     attack = dict(base)
     for item in attack_set:
         try:
@@ -107,8 +105,7 @@ def attack_table(base: dict[str, Any], attack_set: list[str], kind: str | None,
         attack["knowledge"] = knowledge
     attack = _kind_options(attack)
     if attack:  # refused here, naming the field, before a server or client starts
-        from fedcore.attacks import AttackConfig
-        from fedcore.attacks.model_poisoning import check_model_attack
+        from fedcore.attacks.config import AttackConfig, check_model_attack
 
         try:
             check_model_attack(from_dict(AttackConfig, attack, "attack"))
@@ -122,7 +119,8 @@ def _kind_options(attack: dict[str, Any]) -> dict[str, Any]:
     are moved there (a flat key given later wins over the file's ``options``), and the options of other kinds are
     left out -- an experiment's ``[launch.attack]`` is shared by its arms (``--attack`` picks each arm's kind), as
     it was when every kind's options sat in one flat table. A key no kind declares stays, to be refused by name."""
-    from fedcore.attacks.poisoning import ATTACKS, LEGACY_ATTACK_OPTIONS
+    from fedcore.attacks.config import ATTACKS
+    from fedcore.migrate import LEGACY_ATTACK_OPTIONS
     from fedcore.registry import option_names
 
     table = dict(attack)
@@ -186,7 +184,6 @@ def preflight(args: argparse.Namespace) -> Any:
     """Check the whole configuration in-process before anything starts: the server's (fields, data present,
     model on one sample, K and min_available against the fleet) and the clients' (trainer, threads, data
     folder). Returns the server configuration; :class:`fedcore.config.ConfigError` names the field."""
-    from fedcore.config import ClientConfig, ConfigError
     from fedcore.preflight import check_fleet, check_server_config
 
     if args.procs is not None and args.procs < 1:

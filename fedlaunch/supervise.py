@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from fedcore.config import toml_literal
 from fedcore.report import RoundReport
 from fedlaunch.credentials import OPERATOR_TOKEN, client_tls_flags
 from fedlaunch.hosts import host_spec, worker_command
@@ -84,8 +85,6 @@ class Outcome:
 
 
 def start(args: argparse.Namespace, run_dir: Path) -> Launch:
-    from fedcore.config import toml_literal
-
     port = args.port or _free_port()
     # With Ray, hosts on other machines reach the server at --server-host (default: this node's IP).
     address = f"{args.server_host}:{port}"

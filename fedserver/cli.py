@@ -29,12 +29,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from fedcore.about import VersionAction
-from fedcore.names import DATASETS, MODELS, NFL_MODES, RULES, described, one_of
+from fedcore.config import TOKEN_ENV, ConfigError, ServerConfig, build_config, load_toml, parse_override, redacted
+from fedcore.plugins import described, names, one_of
 from fedserver.errors import EXIT_CONFIG, EXIT_STALLED, EXIT_STOPPED
 
 # Only what the parser needs is imported here: ``fedserver --help`` answers without importing torch.
 if TYPE_CHECKING:
-    from fedcore.config import ServerConfig
     from fedcore.report import FederationStatus
 
 # flag -> (config path, type)
@@ -66,13 +66,13 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "over_select": ("rounds.over_select", float, "select ceil(K * over_select) clients"),
     "round_timeout": ("rounds.round_timeout_s", float, "round deadline in seconds"),
     "seed": ("rounds.seed", int, "seed of selection and model initialisation"),
-    "model": ("model.name", str, f"model: {one_of(MODELS)}, or an import path pkg.mod:factory"),
-    "dataset": ("data.dataset", str, f"dataset clients derive their shards from: {one_of(DATASETS)}"),
+    "model": ("model.name", str, f"model: {one_of(names('MODELS'))}, or an import path pkg.mod:factory"),
+    "dataset": ("data.dataset", str, f"dataset clients derive their shards from: {one_of(names('DATASETS'))}"),
     "epochs": ("training.local_epochs", int, "local epochs E"),
     "batch_size": ("training.batch_size", int, "local batch size B"),
     "lr": ("training.learning_rate", float, "client learning rate"),
-    "rule": ("aggregation.rule", str, f"aggregation rule: {one_of(RULES)} (default fedavg)"),
-    "nfl_mode": ("nfl.mode", str, f"{one_of(NFL_MODES)} (default {NFL_MODES[0]})"),
+    "rule": ("aggregation.rule", str, f"aggregation rule: {one_of(names('RULES'))} (default fedavg)"),
+    "nfl_mode": ("nfl.mode", str, f"{one_of(names('NFL_MODES'))} (default {names('NFL_MODES')[0]})"),
     "detector": ("nfl.detector", str, f"NFL detector: {described('DETECTORS')}"),
     "nr": ("nfl.nr", int, "beta_hat: report NFL after more than NR negative rounds"),
     "c": ("nfl.c", int, "beta_hat: average the last c round medians; cancel after c non-negative rounds"),
@@ -120,8 +120,6 @@ def config_from_args(args: argparse.Namespace, transport_optional: bool = False)
     """The configuration: defaults <- ``--config`` (its ``[launch]`` table, the launcher's, is left out with a
     note) <- ``--set`` <- the named flags. ``transport_optional`` (``--print-config``): no TLS files and no
     ``--insecure`` is not an error (a note says the server needs one of them to start)."""
-    from fedcore.config import TOKEN_ENV, ConfigError, ServerConfig, build_config, load_toml, parse_override
-
     overrides: list[tuple[list[str], Any]] = []
     if args.config:
         data = load_toml(args.config)
@@ -182,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
         except StoreError as e:
             print(f"fedserver: state store: {e}", file=sys.stderr)
             return EXIT_CONFIG
-    from fedcore.config import ConfigError, redacted
     from fedcore.log import configure_logging
     from fedserver.rundir import RunDirLocked
     from fedserver.store import StoreError

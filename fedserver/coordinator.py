@@ -31,7 +31,6 @@ from fedcore import rounds as rm
 from fedcore.config import (
     ConfigError,
     ServerConfig,
-    check_aggregation_memory,
     check_data_config,
     resolved_nfl,
     resolved_rounds,
@@ -39,6 +38,7 @@ from fedcore.config import (
 )
 from fedcore.log import get_logger
 from fedcore.models import build_model
+from fedcore.preflight import check_aggregation_memory
 from fedcore.report import DistflStatus, FederationStatus, RoundReport
 from fedcore.serialization import TensorMeta
 from fedcore.train import resolve_device

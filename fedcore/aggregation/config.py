@@ -11,18 +11,16 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fedcore.errors import ConfigError
+from fedcore.migrate import LEGACY_RULE_OPTIONS
 from fedcore.options import decode_fields, join
 from fedcore.registry import Registry, fold_flat_options, option_names
 
-# The flat keys ``[aggregation]`` held before each rule owned its options, with their old defaults: still read, into
-# the chosen rule's ``options`` (fold_flat_options).
-LEGACY_RULE_OPTIONS: dict[str, Any] = {"trim_m": None, "trim_fraction": None, "krum_f": 1, "multi_krum_m": None,
-                                       "knorm_k": 1}
+if TYPE_CHECKING:
+    import torch
+
 
 
 class TooFewUpdatesError(ValueError):
@@ -156,8 +154,82 @@ class Rule(Protocol):
 
 
 RuleFactory = Callable[[AggregationConfig], Rule]
-# The aggregation rules by name (``aggregation.rule``); fedcore.aggregation.rules registers the built-in ones.
+# ---- options: each rule's frozen options dataclass (``aggregation.options``), declared with it ----
+
+
+@dataclass(frozen=True)
+class TrimmedMeanOptions:
+    """trimmed_mean's options."""
+
+    # Drop the trim_m largest and trim_m smallest values of every coordinate, or a fraction (floor(trim_fraction
+    # * n) per side, n = updates received). Set at most one; neither means fraction 0.1.
+    trim_m: int | None = None
+    trim_fraction: float | None = None
+
+    def validate(self) -> None:
+        if self.trim_m is not None and self.trim_fraction is not None:
+            raise ConfigError("trim_m", f"set trim_m or trim_fraction, not both (got trim_m={self.trim_m}, "
+                                        f"trim_fraction={self.trim_fraction})")
+        if self.trim_m is not None and self.trim_m < 0:
+            raise ConfigError("trim_m", f"must be >= 0, got {self.trim_m}")
+        if self.trim_fraction is not None and not (0.0 <= self.trim_fraction < 0.5):
+            raise ConfigError("trim_fraction", f"must be in [0, 0.5), got {self.trim_fraction}")
+
+
+@dataclass(frozen=True)
+class KrumOptions:
+    """krum's and bulyan's options."""
+
+    # The number f of assumed Byzantine clients.
+    krum_f: int = 1
+
+    def validate(self) -> None:
+        if self.krum_f < 0:
+            raise ConfigError("krum_f", f"must be >= 0, got {self.krum_f}")
+
+
+@dataclass(frozen=True)
+class MultiKrumOptions(KrumOptions):
+    """multi_krum's options: Krum's f, and the number m of best-scored updates averaged."""
+
+    # The number m of best-scored updates to average; None keeps n - f.
+    multi_krum_m: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.multi_krum_m is not None and self.multi_krum_m < 1:
+            raise ConfigError("multi_krum_m", f"must be >= 1 (or None for n - f), got {self.multi_krum_m}")
+
+
+@dataclass(frozen=True)
+class KNormOptions:
+    """knorm's options."""
+
+    # Discard the knorm_k updates with the largest L2 norms, average the rest.
+    knorm_k: int = 1
+
+    def validate(self) -> None:
+        if self.knorm_k < 0:
+            raise ConfigError("knorm_k", f"must be >= 0, got {self.knorm_k}")
+
+
+
+# The aggregation rules by name (``aggregation.rule``): the built-in ones declared here (known without importing
+# torch), registered by fedcore.aggregation.rules when a rule is first built.
 RULES: Registry[RuleFactory] = Registry("aggregation rule", ValueError)
+_RULES_MODULE = "fedcore.aggregation.rules"
+RULES.declare("fedavg", _RULES_MODULE, summary="the mean of the updates, weighted by n_i (weighted) or plain")
+RULES.declare("median", _RULES_MODULE, summary="the coordinate-wise median")
+RULES.declare("trimmed_mean", _RULES_MODULE, options=TrimmedMeanOptions,
+              summary="the coordinate-wise mean without the trim_m (or trim_fraction) largest and smallest values")
+RULES.declare("krum", _RULES_MODULE, options=KrumOptions,
+              summary="the one update closest to its n - krum_f - 2 neighbours")
+RULES.declare("multi_krum", _RULES_MODULE, options=MultiKrumOptions,
+              summary="the mean of the multi_krum_m best-scored updates by Krum's score")
+RULES.declare("bulyan", _RULES_MODULE, options=KrumOptions,
+              summary="repeated Krum, then the coordinate-wise mean of the values closest to the median")
+RULES.declare("knorm", _RULES_MODULE, options=KNormOptions,
+              summary="the mean without the knorm_k updates of largest norm")
 
 
 def register_rule(name: str, factory: RuleFactory, *, options: type | None = None, summary: str = "",

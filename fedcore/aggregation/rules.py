@@ -23,8 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from fedcore.aggregation.config import AggregationConfig
+from fedcore.aggregation.config import KNormOptions as KNormOptions  # re-exported: the options live beside RULES
+from fedcore.aggregation.config import KrumOptions as KrumOptions  # re-exported
+from fedcore.aggregation.config import MultiKrumOptions as MultiKrumOptions  # re-exported
 from fedcore.aggregation.config import Rule as Rule  # re-exported: the protocol lives beside the registry
 from fedcore.aggregation.config import RuleOutput as RuleOutput  # re-exported
+from fedcore.aggregation.config import TrimmedMeanOptions as TrimmedMeanOptions  # re-exported
 from fedcore.aggregation.config import build_rule as build_rule  # re-exported: the registry's old home
 from fedcore.aggregation.config import register_rule as register_rule  # re-exported
 from fedcore.aggregation.config import rule_names as rule_names  # re-exported
@@ -36,7 +40,6 @@ from fedcore.aggregation.order import (
     order_workspace,
     trimmed_sum,
 )
-from fedcore.errors import ConfigError
 from fedcore.registry import options_as
 
 # Elements ([n, c] values) per column chunk of Krum's distance computation.
@@ -339,65 +342,6 @@ class KNorm:
         return RuleOutput(weighted_mean_rows(updates, weights, rows), num_excluded=self.k, selected=tuple(rows))
 
 
-# ---- options: each rule's frozen options dataclass (``aggregation.options``), registered with it ----
-
-
-@dataclass(frozen=True)
-class TrimmedMeanOptions:
-    """trimmed_mean's options."""
-
-    # Drop the trim_m largest and trim_m smallest values of every coordinate, or a fraction (floor(trim_fraction
-    # * n) per side, n = updates received). Set at most one; neither means fraction 0.1.
-    trim_m: int | None = None
-    trim_fraction: float | None = None
-
-    def validate(self) -> None:
-        if self.trim_m is not None and self.trim_fraction is not None:
-            raise ConfigError("trim_m", f"set trim_m or trim_fraction, not both (got trim_m={self.trim_m}, "
-                                        f"trim_fraction={self.trim_fraction})")
-        if self.trim_m is not None and self.trim_m < 0:
-            raise ConfigError("trim_m", f"must be >= 0, got {self.trim_m}")
-        if self.trim_fraction is not None and not (0.0 <= self.trim_fraction < 0.5):
-            raise ConfigError("trim_fraction", f"must be in [0, 0.5), got {self.trim_fraction}")
-
-
-@dataclass(frozen=True)
-class KrumOptions:
-    """krum's and bulyan's options."""
-
-    # The number f of assumed Byzantine clients.
-    krum_f: int = 1
-
-    def validate(self) -> None:
-        if self.krum_f < 0:
-            raise ConfigError("krum_f", f"must be >= 0, got {self.krum_f}")
-
-
-@dataclass(frozen=True)
-class MultiKrumOptions(KrumOptions):
-    """multi_krum's options: Krum's f, and the number m of best-scored updates averaged."""
-
-    # The number m of best-scored updates to average; None keeps n - f.
-    multi_krum_m: int | None = None
-
-    def validate(self) -> None:
-        super().validate()
-        if self.multi_krum_m is not None and self.multi_krum_m < 1:
-            raise ConfigError("multi_krum_m", f"must be >= 1 (or None for n - f), got {self.multi_krum_m}")
-
-
-@dataclass(frozen=True)
-class KNormOptions:
-    """knorm's options."""
-
-    # Discard the knorm_k updates with the largest L2 norms, average the rest.
-    knorm_k: int = 1
-
-    def validate(self) -> None:
-        if self.knorm_k < 0:
-            raise ConfigError("knorm_k", f"must be >= 0, got {self.knorm_k}")
-
-
 # ---- registrations ----
 
 def _trimmed(c: AggregationConfig) -> Rule:
@@ -424,13 +368,11 @@ def _knorm(c: AggregationConfig) -> Rule:
     return KNorm(k=options_as(c.options, KNormOptions, "aggregation.options").knorm_k)
 
 
-register_rule("fedavg", lambda c: FedAvg(), summary="the mean of the updates, weighted by n_i (weighted) or plain")
-register_rule("median", lambda c: Median(), summary="the coordinate-wise median")
-register_rule("trimmed_mean", _trimmed, options=TrimmedMeanOptions, summary="the coordinate-wise mean without the "
-              "trim_m (or trim_fraction) largest and smallest values")
-register_rule("krum", _krum, options=KrumOptions, summary="the one update closest to its n - krum_f - 2 neighbours")
-register_rule("multi_krum", _multi_krum, options=MultiKrumOptions,
-              summary="the mean of the multi_krum_m best-scored updates by Krum's score")
-register_rule("bulyan", _bulyan, options=KrumOptions, summary="repeated Krum, then the coordinate-wise mean of the "
-              "values closest to the median")
-register_rule("knorm", _knorm, options=KNormOptions, summary="the mean without the knorm_k updates of largest norm")
+# The built-in rules are declared, with their options and one line, in fedcore.aggregation.config (RULES).
+register_rule("fedavg", lambda c: FedAvg())
+register_rule("median", lambda c: Median())
+register_rule("trimmed_mean", _trimmed)
+register_rule("krum", _krum)
+register_rule("multi_krum", _multi_krum)
+register_rule("bulyan", _bulyan)
+register_rule("knorm", _knorm)

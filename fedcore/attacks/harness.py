@@ -18,43 +18,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from fedcore.aggregation.rules import Rule, TrimmedMean
+from fedcore.attacks.config import AttackConfig
+from fedcore.attacks.config import SimulationHarnessConfig as SimulationHarnessConfig  # re-exported
 from fedcore.attacks.model_poisoning import craft_rows
-from fedcore.attacks.poisoning import ATTACKS, AttackConfig
 from fedcore.seeds import derive_seed
-
-# The attack kinds that craft rows from benign statistics (registered with a ``craft``): what the harness can run.
-HARNESS_KINDS = tuple(name for name in ATTACKS.names() if ATTACKS.get(name).craft is not None)
-
-
-@dataclass
-class SimulationHarnessConfig:
-    """``[simulation_harness]``: SIMULATION ONLY. ``full_knowledge_adversary`` turns the server-side adversary on;
-    ``attack`` is what it crafts (kind stat_opt or dyn_opt and their options; ``knowledge`` must be "full");
-    ``trim_to_attackers`` gives the trimmed mean the round's attacker count as m (the papers' oracle defender)."""
-
-    # Turn the server-side full-knowledge adversary on (simulation only: refused with TLS or enrolled keys).
-    full_knowledge_adversary: bool = False
-    # The trimmed mean trims, per side, at least as many values as the round has attacker updates (the defender
-    # of HYDRA-FL's and Shejwalkar & Houmansadr's evaluations knows m; capped at (n - 1) // 2); the rows are then
-    # crafted against that rule. Off: the configured trim_m / trim_fraction.
-    trim_to_attackers: bool = False
-    # What it crafts: kind stat_opt or dyn_opt with knowledge = "full", and their options.
-    attack: AttackConfig = field(default_factory=lambda: AttackConfig(kind="dyn_opt", knowledge="full"))
-
-    def validate(self, prefix: str = "simulation_harness.") -> SimulationHarnessConfig:
-        if self.full_knowledge_adversary:
-            if self.attack.kind not in HARNESS_KINDS:
-                raise ValueError(f"{prefix}attack.kind: the full-knowledge adversary crafts "
-                                 f"{' or '.join(HARNESS_KINDS)}, got {self.attack.kind!r}")
-            if self.attack.knowledge != "full":
-                raise ValueError(f"{prefix}attack.knowledge: must be 'full' for the server-side adversary, got "
-                                 f"{self.attack.knowledge!r}")
-        return self
 
 
 @dataclass(frozen=True)

@@ -38,24 +38,24 @@ from dataclasses import dataclass
 
 import torch
 
-from fedcore.aggregation import AggregationConfig
-from fedcore.aggregation.config import RULES
 from fedcore.aggregation.rules import Rule, build_rule
+from fedcore.attacks.config import DEV_TYPES as DEV_TYPES  # re-exported: the options live in attacks.config
+from fedcore.attacks.config import KNOWLEDGE as KNOWLEDGE  # re-exported
+from fedcore.attacks.config import CraftOptions as CraftOptions  # re-exported
+from fedcore.attacks.config import DynOptOptions as DynOptOptions  # re-exported
+from fedcore.attacks.config import ModelReplacementOptions as ModelReplacementOptions  # re-exported
+from fedcore.attacks.config import StatOptOptions as StatOptOptions  # re-exported
+from fedcore.attacks.config import assumed_aggregation
+from fedcore.attacks.config import check_model_attack as check_model_attack  # re-exported
 from fedcore.attacks.poisoning import (
     ATTACKS,
     AttackConfig,
-    AttackKind,
     Crafted,
-    LabelFlipOptions,
     PoisonedUpdate,
     UpdateContext,
 )
-from fedcore.errors import ConfigError
-from fedcore.registry import option_names
 from fedcore.seeds import derive_seed
 
-KNOWLEDGE = ("partial", "full")
-DEV_TYPES = ("std", "sign", "unit")
 # Rules that keep whole rows: Dyn-Opt's γ is accepted when a malicious row is kept.
 SELECTION_RULES = ("krum", "multi_krum", "bulyan")
 # Guard of the halving search (it converges in about log2(γ_init / tol) steps).
@@ -186,8 +186,7 @@ def dyn_opt(benign: torch.Tensor, num_mal: int, rule: Rule, *, dev_type: str = "
 def assumed_rule(rule: str, f: int) -> Rule:
     """The robust rule the adversary assumes the server runs, with ``f`` trimmed per side / Byzantine clients
     (trimmed_mean's trim_m, krum's f)."""
-    declared = option_names(RULES, rule)
-    return build_rule(AggregationConfig(rule=rule, options={k: f for k in ("trim_m", "krum_f") if k in declared}))
+    return build_rule(assumed_aggregation(rule, f))
 
 
 # ---- one entry point for both knowledge modes ----
@@ -203,84 +202,13 @@ def craft_rows(attack: AttackConfig, benign: torch.Tensor, num_mal: int, rule: R
     return craft(attack, benign, num_mal, rule, generator, knowledge)
 
 
-# ---- options: each model-poisoning kind's frozen options dataclass (``attack.options``), registered with it ----
-
-
-@dataclass(frozen=True)
-class ModelReplacementOptions(LabelFlipOptions):
-    """model_replacement's options: the label flip its malicious model trains on, and the boost."""
-
-    # The malicious update (trained on labels flipped by ``flip``) is multiplied by this.
-    boost: float = 10.0
-
-    def validate(self) -> None:
-        super().validate()
-        if not (math.isfinite(self.boost) and self.boost > 0):
-            raise ConfigError("boost", f"must be a finite number > 0, got {self.boost}")
-
-
-@dataclass(frozen=True)
-class CraftOptions:
-    """What stat_opt and dyn_opt share: the partial-knowledge estimate and the rule the adversary assumes."""
-
-    # Partial knowledge: honest updates on this many disjoint shards of the attacker's data form the benign sample.
-    estimate_shards: int = 4
-    # The server's rule as the adversary assumes it (HYDRA-FL: trimmed mean) and the number of malicious rows it
-    # assumes beside the benign ones (assumed_attackers: trimmed_mean's trim_m, krum's f).
-    assumed_rule: str = "trimmed_mean"
-    assumed_attackers: int = 2
-
-    def validate(self) -> None:
-        if self.estimate_shards < 2:
-            raise ConfigError("estimate_shards", f"must be >= 2 (a std needs two samples), got {self.estimate_shards}")
-        if self.assumed_attackers < 1:
-            raise ConfigError("assumed_attackers", f"must be >= 1, got {self.assumed_attackers}")
-        try:
-            assumed_rule(self.assumed_rule, self.assumed_attackers)
-        except ValueError as e:
-            raise ConfigError("assumed_rule", str(e)) from None
-
-
-@dataclass(frozen=True)
-class StatOptOptions(CraftOptions):
-    """stat_opt's options."""
-
-    # Full knowledge: malicious values between the benign extreme and the extreme scaled by stat_b.
-    stat_b: float = 2.0
-
-    def validate(self) -> None:
-        if not (math.isfinite(self.stat_b) and self.stat_b >= 1):
-            raise ConfigError("stat_b", f"must be a finite number >= 1, got {self.stat_b}")
-        super().validate()
-
-
-@dataclass(frozen=True)
-class DynOptOptions(CraftOptions):
-    """dyn_opt's options."""
-
-    # The perturbation direction "std" | "sign" | "unit", and the halving search's start gamma_init and tolerance
-    # gamma_tol.
-    dev_type: str = "std"
-    gamma_init: float = 10.0
-    gamma_tol: float = 1e-5
-
-    def validate(self) -> None:
-        if self.dev_type not in DEV_TYPES:
-            raise ConfigError("dev_type", f"one of {', '.join(DEV_TYPES)}, got {self.dev_type!r}")
-        if not (math.isfinite(self.gamma_init) and self.gamma_init > 0):
-            raise ConfigError("gamma_init", f"must be a finite number > 0, got {self.gamma_init}")
-        if not (math.isfinite(self.gamma_tol) and 0 < self.gamma_tol < self.gamma_init):
-            raise ConfigError("gamma_tol", f"must be in (0, gamma_init), got {self.gamma_tol}")
-        super().validate()
-
-
-def _stat_opt_rows(attack: AttackConfig, benign: torch.Tensor, num_mal: int, rule: Rule,
+def stat_opt_rows(attack: AttackConfig, benign: torch.Tensor, num_mal: int, rule: Rule,
                    generator: torch.Generator, knowledge: str) -> Crafted:
     b = attack.options_as(StatOptOptions).stat_b
     return Crafted(stat_opt(benign, num_mal, generator, b=b, knowledge=knowledge))
 
 
-def _dyn_opt_rows(attack: AttackConfig, benign: torch.Tensor, num_mal: int, rule: Rule,
+def dyn_opt_rows(attack: AttackConfig, benign: torch.Tensor, num_mal: int, rule: Rule,
                   generator: torch.Generator, knowledge: str) -> Crafted:
     o = attack.options_as(DynOptOptions)
     res = dyn_opt(benign, num_mal, rule, dev_type=o.dev_type, gamma_init=o.gamma_init, tol=o.gamma_tol)
@@ -334,14 +262,14 @@ def poison_update(attack: AttackConfig, ctx: UpdateContext) -> PoisonedUpdate | 
     return poison(attack, ctx)
 
 
-def _replace_model(attack: AttackConfig, ctx: UpdateContext) -> PoisonedUpdate:
+def replace_model(attack: AttackConfig, ctx: UpdateContext) -> PoisonedUpdate:
     """Model replacement: the trained (label-flipped) update, boosted."""
     boost = attack.options_as(ModelReplacementOptions).boost
     mal = model_replacement(flat_update(ctx.trained, ctx.received), boost)
     return PoisonedUpdate(weights_from_update(ctx.received, mal), {"attack_boost": boost})
 
 
-def _craft_from_own_shards(attack: AttackConfig, ctx: UpdateContext) -> PoisonedUpdate:
+def craft_from_own_shards(attack: AttackConfig, ctx: UpdateContext) -> PoisonedUpdate:
     """Partial knowledge: honest updates on shards of the attacker's own data stand in for the benign rows."""
     o = attack.options_as(CraftOptions)
     parts = shard_indices(ctx.num_train, o.estimate_shards, derive_seed(ctx.seed, "attack_shards"))
@@ -363,36 +291,6 @@ def attack_rule(a: AttackConfig) -> Rule:
     return assumed_rule(o.assumed_rule, o.assumed_attackers)
 
 
-def check_model_attack(a: AttackConfig, prefix: str = "attack.") -> None:
-    """Refuse impossible model-attack options; errors name the field (checked for every attack config, so a
-    bad option fails at start, not in the first round the client is an attacker). The kind's own options are
-    validated by their dataclass (``attack.options.<field>``); here: ``knowledge``, and Dyn-Opt with partial
-    knowledge, whose assumed rule must work with its estimate's rows."""
-    if not a.poisons_model:
-        return
-    if a.knowledge not in KNOWLEDGE:
-        raise ValueError(f"{prefix}knowledge: one of {', '.join(KNOWLEDGE)}, got {a.knowledge!r}")
-    try:
-        ATTACKS.validate_options(a.kind, a.options, "options")
-    except ConfigError as e:
-        raise ValueError(f"{prefix}{e}") from None
-    if a.kind == "dyn_opt" and a.knowledge == "partial":
-        o = a.options_as(CraftOptions)
-        try:
-            assumed_rule(o.assumed_rule, o.assumed_attackers).check(o.estimate_shards + o.assumed_attackers)
-        except ValueError as e:
-            raise ValueError(f"{prefix}options.assumed_rule: {e}") from None
-
-
-ATTACKS.add("model_replacement", AttackKind(flips_labels=True, poison=_replace_model, check=check_model_attack),
-            options=ModelReplacementOptions,
-            summary="sends its update trained on flipped labels, boosted by attack.options.boost")
-ATTACKS.add("stat_opt", AttackKind(poison=_craft_from_own_shards, craft=_stat_opt_rows, check=check_model_attack),
-            options=StatOptOptions,
-            summary="Stat-Opt (Fang et al.): coordinates beyond the benign extremes, against the benign mean's sign")
-ATTACKS.add("dyn_opt", AttackKind(poison=_craft_from_own_shards, craft=_dyn_opt_rows, check=check_model_attack),
-            options=DynOptOptions,
-            summary="Dyn-Opt (Shejwalkar & Houmansadr): μ − γ·dev with the largest γ the assumed rule accepts")
 # The kinds registered above: the attacker crafts the update it sends.
 MODEL_KINDS = tuple(name for name in ATTACKS.names() if ATTACKS.get(name).poisons_model)
 

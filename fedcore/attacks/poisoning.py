@@ -21,274 +21,31 @@ with their true labels for the rest. Source-class samples are left out of the cl
 is not taught both labels of the same images. Attackers train ``local_epochs_override`` epochs (LINDT: 5,
 benign clients 1); :func:`attacker_local_epochs` applies it.
 
-Attack kinds plug in by name (:data:`ATTACKS`, ``attack.kind``): each registers an :class:`AttackKind` saying
-what it does to an attacker's round (the labels or batches it trains on, the update it sends, its option checks).
-This module registers the data-poisoning kinds, :mod:`fedcore.attacks.model_poisoning` (imported with the
-package) the model-poisoning ones; nothing here imports that module, so no import circle forms.
+Attack kinds plug in by name (:data:`fedcore.attacks.config.ATTACKS`, ``attack.kind``), registered with their
+options in the torch-free :mod:`fedcore.attacks.config` beside :class:`AttackConfig`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 import torch
 
-from fedcore.aggregation.config import Rule
+from fedcore.attacks.config import ATTACKS as ATTACKS  # re-exported: the configuration lives in attacks.config
+from fedcore.attacks.config import DISTFL_FLIP_PAIRS as DISTFL_FLIP_PAIRS  # re-exported
+from fedcore.attacks.config import LINDT_BACKDOOR_PAIRS as LINDT_BACKDOOR_PAIRS  # re-exported
+from fedcore.attacks.config import AttackConfig as AttackConfig  # re-exported
+from fedcore.attacks.config import AttackError as AttackError  # re-exported
+from fedcore.attacks.config import AttackKind as AttackKind  # re-exported
+from fedcore.attacks.config import BackdoorOptions as BackdoorOptions  # re-exported
+from fedcore.attacks.config import Crafted as Crafted  # re-exported
+from fedcore.attacks.config import LabelFlipOptions as LabelFlipOptions  # re-exported
+from fedcore.attacks.config import PoisonedUpdate as PoisonedUpdate  # re-exported
+from fedcore.attacks.config import UpdateContext as UpdateContext  # re-exported
 from fedcore.data.base import ClientData
-from fedcore.errors import ConfigError
-from fedcore.options import decode_fields, join
-from fedcore.registry import Registry, fold_flat_options, options_as
 from fedcore.seeds import ATTACK_EPOCH, derive_seed
-
-OptionsT = TypeVar("OptionsT")
-
-FLIPS = ("reverse", "swap", "directed", "all")
-# DistFL §5.5: labels 0-3 and 4-7 flipped mutually.
-DISTFL_FLIP_PAIRS: tuple[tuple[int, int], ...] = ((0, 4), (1, 5), (2, 6), (3, 7))
-# LINDT CIFAR-10 backdoor: deer (4) -> horse (7), dog (5) -> frog (6).
-LINDT_BACKDOOR_PAIRS: tuple[tuple[int, int], ...] = ((4, 7), (5, 6))
-
-
-class AttackError(ValueError):
-    """An attack configuration that cannot be applied; the message names the field."""
-
-
-# ---- attack kinds: what each does to an attacker's round ----
-
-@dataclass(frozen=True)
-class UpdateContext:
-    """What the update hook sees of a client's round.
-
-    ``received``/``trained``: the model the client was handed and the one its (possibly data-poisoned) training
-    produced; ``honest_update(idx)``: the update of an honest training run from ``received`` on the client's
-    clean training samples ``idx`` (partial knowledge); ``num_train``: the client's clean training samples;
-    ``seed``: the round's attack seed."""
-
-    received: Mapping[str, torch.Tensor]
-    trained: Mapping[str, torch.Tensor]
-    honest_update: Callable[[torch.Tensor], torch.Tensor]
-    num_train: int
-    seed: int
-
-
-@dataclass(frozen=True)
-class PoisonedUpdate:
-    weights: dict[str, torch.Tensor]
-    metrics: dict[str, float]
-
-
-@dataclass(frozen=True)
-class Crafted:
-    rows: torch.Tensor  # [num_mal, P]
-    gamma: float = math.nan  # Dyn-Opt's γ
-
-
-# Crafts num_mal malicious rows from benign ones against a rule: (attack, benign, num_mal, rule, generator,
-# knowledge) -> Crafted.
-Craft = Callable[["AttackConfig", torch.Tensor, int, Rule, torch.Generator, str], Crafted]
-
-
-@dataclass(frozen=True)
-class AttackKind:
-    """What one attack kind does to an attacker's round; registered in :data:`ATTACKS` under its ``attack.kind``."""
-
-    # Trains on labels flipped by ``flip`` (label_flip; model_replacement trains its malicious model on them).
-    flips_labels: bool = False
-    # Trains on backdoor batches: ``poison_per_batch`` backdoor samples in every batch of ``batch_size``.
-    backdoor: bool = False
-    # The client's update hook: the weights it sends instead of the trained ones (model poisoning), or None.
-    poison: Callable[[AttackConfig, UpdateContext], PoisonedUpdate | None] | None = None
-    # Crafts malicious rows from benign statistics (stat_opt, dyn_opt; also the server-side harness's rows).
-    craft: Craft | None = None
-    # Refuses impossible options of this kind (ValueError whose message starts with the field).
-    check: Callable[[AttackConfig], None] | None = None
-
-    @property
-    def poisons_model(self) -> bool:
-        return self.poison is not None
-
-
-ATTACKS: Registry[AttackKind] = Registry("attack", AttackError)
-
-
-# ---- options: each kind's frozen options dataclass (``attack.options``), registered with it ----
-
-
-@dataclass(frozen=True)
-class LabelFlipOptions:
-    """label_flip's options (and model_replacement's, whose malicious model trains on the flipped labels)."""
-
-    # The mapping: "reverse" | "swap" | "directed" | "all".
-    flip: str = "reverse"
-    # swap: pairs swapped both ways; directed: source -> target.
-    pairs: tuple[tuple[int, int], ...] = ()
-    # flip = "all": the label every sample gets.
-    target: int = 0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "pairs", tuple((int(a), int(b)) for a, b in self.pairs))
-
-    def validate(self) -> None:
-        if self.flip not in FLIPS:
-            raise ConfigError("flip", f"one of {', '.join(FLIPS)}, got {self.flip!r}")
-        if self.flip in ("swap", "directed") and not self.pairs:
-            raise ConfigError("pairs", f"flip={self.flip!r} needs at least one (a, b) pair")
-        if self.flip == "swap":
-            seen = [c for p in self.pairs for c in p]
-            if len(seen) != len(set(seen)):
-                raise ConfigError("pairs", f"swapped pairs must be disjoint, got {list(self.pairs)}")
-        if self.flip == "directed":
-            sources = [a for a, _ in self.pairs]
-            if len(sources) != len(set(sources)):
-                raise ConfigError("pairs", f"a source class appears twice in {list(self.pairs)}")
-
-
-@dataclass(frozen=True)
-class BackdoorOptions:
-    """backdoor's options."""
-
-    # Source -> target class pairs (empty = LINDT's CIFAR-10 deer -> horse, dog -> frog).
-    pairs: tuple[tuple[int, int], ...] = ()
-    # Poisoned samples in every batch of batch_size.
-    poison_per_batch: int = 3
-    batch_size: int = 10
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "pairs", tuple((int(a), int(b)) for a, b in self.pairs))
-
-    def validate(self) -> None:
-        if not 0 < self.poison_per_batch < self.batch_size:
-            raise ConfigError("poison_per_batch", f"must be in [1, batch_size={self.batch_size}), "
-                                                  f"got {self.poison_per_batch}")
-
-
-ATTACKS.add("none", AttackKind(), summary="no attack (fake_beta_hat alone may fabricate the reported β̂)")
-ATTACKS.add("label_flip", AttackKind(flips_labels=True), options=LabelFlipOptions,
-            summary="trains on labels flipped by attack.options.flip")
-ATTACKS.add("backdoor", AttackKind(backdoor=True), options=BackdoorOptions,
-            summary="trains on batches holding attack.options.poison_per_batch relabelled source-class samples")
-
-# The flat keys ``[attack]`` held before each kind owned its options, with their old defaults: still read, into the
-# chosen kind's ``options`` (fold_flat_options).
-LEGACY_ATTACK_OPTIONS: dict[str, Any] = {
-    "flip": "reverse", "pairs": (), "target": 0, "poison_per_batch": 3, "batch_size": 10, "boost": 10.0,
-    "stat_b": 2.0, "dev_type": "std", "gamma_init": 10.0, "gamma_tol": 1e-5, "estimate_shards": 4,
-    "assumed_rule": "trimmed_mean", "assumed_attackers": 2}
-
-
-@dataclass(frozen=True)
-class AttackConfig:
-    # The attack: "none", a data-poisoning kind ("label_flip", "backdoor") or a model-poisoning kind
-    # ("model_replacement", "stat_opt", "dyn_opt").
-    kind: str = "none"
-    # The kind's options (a table; e.g. {flip = "swap", pairs = [[0, 4]]} for label_flip, {boost = 5.0} for
-    # model_replacement): the frozen options dataclass the kind registered (listed under "Plugins" below), validated
-    # by it. Unset: the kind's defaults. The old flat keys (attack.flip, pairs, target, poison_per_batch,
-    # batch_size, boost, stat_b, dev_type, gamma_init, gamma_tol, estimate_shards, assumed_rule, assumed_attackers)
-    # are still read into it.
-    options: Any = None
-    # epochs an attacker trains per round; 0 keeps the federation's local_epochs (LINDT attackers: 5)
-    local_epochs_override: int = 0
-    # Attack on NFL detection (FL-GUARD §4.1): report this beta_hat_i with every update instead of the measured
-    # one (NaN: report the truth). Combines with any kind, or alone (kind "none").
-    fake_beta_hat: float = math.nan
-    # Model poisoning (model_replacement, stat_opt, dyn_opt; fedcore.attacks.model_poisoning): where the benign
-    # statistics come from: "partial" (the attacker's own honest training on shards of its data) or "full"
-    # (simulation only: the server-side harness [simulation_harness] crafts the row from the round's benign updates;
-    # the client sends its honest update). Shared by the three kinds, so it stays beside kind.
-    knowledge: str = "partial"
-
-    def __post_init__(self) -> None:
-        if self.kind not in ATTACKS:
-            raise AttackError(f"attack.kind: one of {', '.join(ATTACKS.names())}, got {self.kind!r}")
-        try:
-            object.__setattr__(self, "options", ATTACKS.coerce_options(self.kind, self.options, "options"))
-            ATTACKS.validate_options(self.kind, self.options, "options")
-        except ConfigError as e:
-            raise AttackError(str(e.under("attack"))) from None
-        if not (math.isnan(self.fake_beta_hat) or -1.0 <= self.fake_beta_hat <= 1.0):
-            raise AttackError(f"attack.fake_beta_hat: must be in [-1, 1] (or nan: no fabrication), "
-                              f"got {self.fake_beta_hat}")
-        check = self.kind_.check
-        if check is not None:
-            try:
-                check(self)
-            except ValueError as e:
-                raise AttackError(str(e)) from None
-        if self.local_epochs_override < 0:
-            raise AttackError(f"attack.local_epochs_override: must be >= 0, got {self.local_epochs_override}")
-
-    @classmethod
-    def from_table(cls, data: Mapping[str, Any], path: str = "") -> AttackConfig:
-        """The section from a TOML table / dict: ``options`` parsed and validated by the kind
-        (:meth:`Registry.parse_options`, errors name ``attack.options.<field>``), the old flat keys of
-        :data:`LEGACY_ATTACK_OPTIONS` moved into it first (:func:`fold_flat_options`)."""
-        table = fold_flat_options(ATTACKS, data.get("kind", "none"), data, LEGACY_ATTACK_OPTIONS, path=path)
-        options = table.pop("options", None)
-        kind = table.get("kind", "none")
-        if isinstance(kind, str) and kind in ATTACKS:
-            options = ATTACKS.parse_options(kind, options, join(path, "options"))
-        return decode_fields(cls, {**table, "options": options}, path)
-
-    def options_as(self, cls: type[OptionsT]) -> OptionsT:
-        """The kind's options, typed (``cls``: the options dataclass the reader expects)."""
-        return options_as(self.options, cls, "attack.options")
-
-    @property
-    def kind_(self) -> AttackKind:
-        """The registered :class:`AttackKind` of ``kind``."""
-        return ATTACKS.get(self.kind)
-
-    @property
-    def active(self) -> bool:
-        return self.kind != "none" or self.fabricates_beta_hat
-
-    @property
-    def flips_labels(self) -> bool:
-        """Whether the attacker trains on flipped labels: label flipping, and model replacement (whose malicious
-        model is trained on them before it is boosted)."""
-        return self.kind_.flips_labels
-
-    @property
-    def poisons_model(self) -> bool:
-        """A model-poisoning attack: the sent update is crafted (fedcore.attacks.model_poisoning)."""
-        return self.kind_.poisons_model
-
-    @property
-    def fabricates_beta_hat(self) -> bool:
-        return not math.isnan(self.fake_beta_hat)
-
-    @property
-    def flip_options(self) -> LabelFlipOptions:
-        """The label-flip options of a kind that flips labels (label_flip, model_replacement)."""
-        return self.options_as(LabelFlipOptions)
-
-    @property
-    def backdoor_options(self) -> BackdoorOptions:
-        return self.options_as(BackdoorOptions)
-
-    @property
-    def backdoor_pairs(self) -> tuple[tuple[int, int], ...]:
-        return self.backdoor_options.pairs or LINDT_BACKDOOR_PAIRS
-
-    @classmethod
-    def reverse_flip(cls, local_epochs_override: int = 0) -> AttackConfig:
-        return cls(kind="label_flip", options=LabelFlipOptions(flip="reverse"),
-                   local_epochs_override=local_epochs_override)
-
-    @classmethod
-    def distfl_flip(cls) -> AttackConfig:
-        """DistFL's label flipping: 0-3 <-> 4-7."""
-        return cls(kind="label_flip", options=LabelFlipOptions(flip="swap", pairs=DISTFL_FLIP_PAIRS))
-
-    @classmethod
-    def lindt_backdoor(cls) -> AttackConfig:
-        """LINDT's CIFAR-10 backdoor: deer -> horse, dog -> frog, 3 per batch of 10, 5 local epochs."""
-        return cls(kind="backdoor", options=BackdoorOptions(pairs=LINDT_BACKDOOR_PAIRS, poison_per_batch=3,
-                                                            batch_size=10), local_epochs_override=5)
 
 
 def _check_classes(classes: Sequence[int], num_classes: int, what: str) -> None:

@@ -1,15 +1,20 @@
-"""Client data containers and the dataset registry."""
+"""Client data containers and the dataset registry, torch-free.
+
+The built-in datasets are declared here by name (known without importing them: ``--help``, configuration checks);
+the module that registers one (:func:`register_dataset`) is imported when the dataset is first looked up.
+"""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
-
-import torch
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from fedcore.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
 
 
 class DataError(ValueError):
@@ -62,7 +67,14 @@ def size_option(value: Any) -> int:
 
 
 ShardLoader = Callable[..., ClientData]
-_REGISTRY: Registry[ShardLoader] = Registry("dataset", DataError)
+DATASETS: Registry[ShardLoader] = Registry("dataset", DataError)
+DATASETS.declare("synthetic", "fedcore.data.synthetic", summary="seeded synthetic clients (built in, no files)")
+DATASETS.declare("mnist", "fedcore.data.mnist", summary="MNIST digits (28x28 grey)")
+DATASETS.declare("cifar10", "fedcore.data.cifar10", summary="CIFAR-10 images (32x32 colour, 10 classes)")
+DATASETS.declare("har", "fedcore.data.har", summary="UCI HAR activity windows (9 channels x 128 steps)")
+DATASETS.declare("shakespeare", "fedcore.data.shakespeare", summary="LEAF Shakespeare characters, one client per role")
+DATASETS.declare("npz", "fedcore.data.files", summary="your own arrays in a .npz file")
+DATASETS.declare("imagefolder", "fedcore.data.files", summary="your own images, one folder per class")
 # Per dataset, the options a remote party (the server's announcement) may set: never a path, a download or a
 # file format; the client's own configuration sets those.
 _REMOTE_OPTIONS: dict[str, frozenset[str]] = {}
@@ -101,7 +113,7 @@ def register_dataset(name: str, remote_options: Collection[str] = (),
     """
 
     def deco(loader: ShardLoader) -> ShardLoader:
-        _REGISTRY.add(name, loader)
+        DATASETS.add(name, loader)
         _REMOTE_OPTIONS[name] = frozenset(remote_options)
         if check is not None:
             _CHECKS[name] = check
@@ -121,7 +133,7 @@ def check_dataset(dataset: str, options: Mapping[str, Any] | None = None) -> int
     shards the data will have when the options fix it, None when it is open (seeded synthetic clients) or known
     only once the data is read (natural partitions).
     """
-    loader = _REGISTRY.get(dataset)
+    loader = DATASETS.get(dataset)
     opts = dict(options or {})
     check = _CHECKS.get(dataset)
     if check is not None:
@@ -138,8 +150,11 @@ def check_dataset(dataset: str, options: Mapping[str, Any] | None = None) -> int
 def sample_shape(dataset: str, options: Mapping[str, Any] | None = None) -> SampleShape | None:
     """What one sample of ``dataset`` is under ``options``, from its declaration alone (no data is read); None for
     an unknown dataset, one that declares nothing, or options the declaration cannot read (the loader will say)."""
+    if dataset not in DATASETS:
+        return None
+    DATASETS.get(dataset)  # a declared dataset registers its sample when imported
     entry = _SAMPLES.get(dataset)
-    if entry is None or dataset not in _REGISTRY:
+    if entry is None:
         return None
     declared, defaults = entry
     if isinstance(declared, SampleShape):
@@ -153,18 +168,18 @@ def sample_shape(dataset: str, options: Mapping[str, Any] | None = None) -> Samp
 
 def remote_options(dataset: str) -> frozenset[str]:
     """The options of ``dataset`` a server may announce (:class:`DataError` for an unknown dataset)."""
-    _REGISTRY.get(dataset)
+    DATASETS.get(dataset)
     return _REMOTE_OPTIONS.get(dataset, frozenset())
 
 
 def available_datasets() -> list[str]:
-    return _REGISTRY.names()
+    return DATASETS.names()
 
 
 def load_client_data(dataset: str, client_index: int, seed: int,
                      options: Mapping[str, Any] | None = None) -> ClientData:
     """The shard of client ``client_index``: deterministic in (dataset, options, seed, index)."""
-    loader = _REGISTRY.get(dataset)
+    loader = DATASETS.get(dataset)
     if client_index < 0:
         raise DataError(f"client index must be >= 0, got {client_index}")
     try:
@@ -173,11 +188,6 @@ def load_client_data(dataset: str, client_index: int, seed: int,
         raise DataError(f"dataset {dataset!r} rejected its options {dict(options or {})}: {e}") from None
 
 
-def split_train_test(x: torch.Tensor, y: torch.Tensor, num_classes: int, test_fraction: float,
-                     generator: torch.Generator) -> ClientData:
-    """Shuffle and split so that train and test follow the same distribution."""
-    n = len(y)
-    perm = torch.randperm(n, generator=generator)
-    n_test = max(1, round(n * test_fraction)) if n > 1 else 0
-    test, train = perm[:n_test], perm[n_test:]
-    return ClientData(x[train], y[train], x[test], y[test], num_classes)
+def dataset_summaries() -> dict[str, str]:
+    """Each dataset's one line, by name (no dataset is imported)."""
+    return DATASETS.summaries()

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from fedcore.data.base import (
+    DATASETS,
     ClientData,
     DataError,
     SampleDeclaration,
@@ -191,7 +192,20 @@ def federated_dataset(name: str, dataset_options: Collection[str], default_parti
 
 
 def pooled_datasets() -> list[str]:
+    """Every registered dataset built from a pool (the declared ones imported first)."""
+    for name in DATASETS.names():
+        DATASETS.get(name)
     return sorted(_POOLS)
+
+
+def _pool(name: str) -> _Entry:
+    """The pool entry of dataset ``name`` (a declared dataset's module imported first: it registers the pool)."""
+    if name not in _POOLS and name in DATASETS:
+        DATASETS.get(name)
+    try:
+        return _POOLS[name]
+    except KeyError:
+        raise DataError(f"unknown pooled dataset {name!r}; known: {', '.join(pooled_datasets())}") from None
 
 
 def _freeze(v: Any) -> Any:
@@ -204,10 +218,7 @@ def _freeze(v: Any) -> Any:
 
 def split_options(name: str, options: Mapping[str, Any] | None) -> tuple[dict[str, Any], ShardOptions]:
     """Separate a dataset's own options from the shared partition options; unknown names are errors."""
-    try:
-        entry = _POOLS[name]
-    except KeyError:
-        raise DataError(f"unknown pooled dataset {name!r}; known: {', '.join(pooled_datasets())}") from None
+    entry = _pool(name)
     own: dict[str, Any] = {}
     shard: dict[str, Any] = {"partition": entry.default_partition}
     for k, v in dict(options or {}).items():
@@ -261,7 +272,7 @@ _POOL_LOCK = threading.RLock()
 @functools.lru_cache(maxsize=16)
 def _cached_pool(name: str, own: tuple[tuple[str, Any], ...], seed: int, max_samples: int | None,
                  env_data_dir: str = "") -> Pool:
-    entry = _POOLS[name]
+    entry = _pool(name)
     try:
         pool = entry.builder(seed=seed, max_samples=max_samples, **dict(own))
     except TypeError as e:
@@ -480,3 +491,13 @@ class SplitArrays:
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+
+def split_train_test(x: torch.Tensor, y: torch.Tensor, num_classes: int, test_fraction: float,
+                     generator: torch.Generator) -> ClientData:
+    """Shuffle and split so that train and test follow the same distribution."""
+    n = len(y)
+    perm = torch.randperm(n, generator=generator)
+    n_test = max(1, round(n * test_fraction)) if n > 1 else 0
+    test, train = perm[:n_test], perm[n_test:]
+    return ClientData(x[train], y[train], x[test], y[test], num_classes)

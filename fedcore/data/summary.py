@@ -16,9 +16,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from fedcore.config import ConfigError, parse_override
 from fedcore.data.base import DataError
 from fedcore.data.loaders import PartitionSummary, describe_partition, pooled_datasets
+from fedcore.errors import ConfigError
+from fedcore.options import parse_override
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedcore.data.base import ClientData, DataError, SampleShape, register_dataset, size_option, split_train_test
+from fedcore.data.base import ClientData, DataError, SampleShape, register_dataset, size_option
+from fedcore.data.loaders import split_train_test
 
 
 def synthetic_sample(options: Mapping[str, Any]) -> SampleShape:

@@ -1,5 +1,6 @@
-"""The model registry (names -> factories), a leaf of :mod:`fedcore.models`: the zoo registers into it without
-importing the package that imports the zoo (no import circle).
+"""The model registry (names -> factories), torch-free: the built-in models are declared here by name and one
+line, and registered (:func:`register_model`) by :mod:`fedcore.models.build` and :mod:`fedcore.models.zoo` when a
+model is first looked up, so that a configuration is read and its model name checked without importing torch.
 
 A model's options are its factory's keyword arguments (``model.kwargs`` in the config): at registration
 :func:`options_of_factory` turns the factory's signature into a frozen options dataclass (one field per keyword,
@@ -24,13 +25,14 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from fedcore.registry import Registry
 
-ModelFactory = Callable[..., nn.Module]
+if TYPE_CHECKING:
+    from torch import nn
+
+ModelFactory = Callable[..., "nn.Module"]
 
 
 class ModelError(ValueError):
@@ -38,6 +40,28 @@ class ModelError(ValueError):
 
 
 MODELS: Registry[ModelFactory] = Registry("model", ModelError)
+# The built-in models, each with its one line (its factory's first sentence, shortened; the registration's own
+# summary replaces it once the module is imported, and tests/unit/test_plugins.py checks that they agree).
+_BUILD, _ZOO = "fedcore.models.build", "fedcore.models.zoo"
+for _name, _module, _summary in (
+        ("mlp", _BUILD, "A plain multi-layer perceptron: Linear+ReLU per hidden width, then a linear ..."),
+        ("logreg", _BUILD, "Multinomial logistic regression (the FedProx synthetic-task model)"),
+        ("char_lstm", _ZOO, "Embedding 80->8, 2 stacked LSTM layers of 256, linear 256->80 on the last step: ..."),
+        ("cifar_cnn", _ZOO, "conv 3->32 5x5, ReLU, pool; conv 32->64 5x5, ReLU, pool; fc 1600->512, ReLU; fc ..."),
+        ("fedntd_cnn", _ZOO, "FedNTD's plain CNN: :func:`hydra_ntd_cnn` without heads (MNIST 1,663,370, CIFAR ..."),
+        ("har_cnn", _ZOO, "1-D CNN over [B, 6, 128] windows: BatchNorm of the raw 6 channels, then per ..."),
+        ("hydra_ntd_cnn", _ZOO,
+         "FedNTD's CNN (McMahan et al.'s MNIST CNN; HYDRA-FL §4.2, App. D) with HYDRA-FL's ..."),
+        ("mlp_bn", _ZOO, ":func:`fedcore.models.mlp` with BatchNorm: per hidden width a block Linear (no ..."),
+        ("mnist_cnn", _ZOO, "Small CNN: conv 1->16 5x5 pad 2, ReLU, pool; conv 16->32 5x5 pad 2, ReLU, pool; ..."),
+        ("mnist_cnn_bn", _ZOO, ":func:`mnist_cnn` with BatchNorm after each conv (bias-free convs), for DistFL ..."),
+        ("mnist_mlp", _ZOO, "McMahan et al.'s 2NN: flatten, fc 784->200, ReLU, fc 200->200, ReLU, fc 200->C ..."),
+        ("moon_cnn", _ZOO, "MOON's CNN (MOON's CIFAR-10 base encoder + projection head; HYDRA-FL App. D) ..."),
+        ("resnet18_cifar", _ZOO,
+         "ResNet-18 for 32x32 inputs: 3x3 stem conv 64 + BN + ReLU (no max-pool), 4 stages ..."),
+        ("vgg11_bn", _ZOO, "VGG-11 (configuration A) with BatchNorm after every conv; head = global average ..."),
+):
+    MODELS.declare(_name, _module, summary=_summary, options_at_registration=True)
 
 
 @dataclass(frozen=True)
@@ -209,7 +233,7 @@ def check_model_kwargs(name: str, kwargs: Mapping[str, Any] | None, path: str = 
     naming ``path.<keyword>``); an import path or a model whose keywords cannot be listed is left to its factory."""
     if ":" in name or name not in MODELS:
         return
-    if MODELS.plugin(name).options_type() is None:
+    if MODELS.options_type(name) is None:
         return
     MODELS.parse_options(name, kwargs, path)
 

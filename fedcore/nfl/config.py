@@ -20,6 +20,7 @@ from typing import Any
 
 from fedcore.checks import is_int
 from fedcore.errors import ConfigError, require
+from fedcore.migrate import LEGACY_DETECTOR_OPTIONS
 from fedcore.options import decode_fields, join
 from fedcore.registry import Registry, fold_flat_options
 
@@ -34,10 +35,6 @@ MODES = (DETECT_AND_RECOVER, ALWAYS_RECOVER, OFF)
 LONG_TERM = "long-term"
 SHORT_TERM = "short-term"
 RECOVERY_STRATEGIES = (LONG_TERM, SHORT_TERM)
-
-# The flat keys ``[nfl]`` held before each detector owned its options, with their old defaults: still read, into the
-# chosen detector's ``detector_options`` (fold_flat_options).
-LEGACY_DETECTOR_OPTIONS: dict[str, Any] = {"warmup": 5, "plateau_rounds": 2, "cusum_k": 0.05, "cusum_h": 2.0}
 
 # The NFL detectors by name (``nfl.detector``); fedcore.nfl.detectors registers the built-in ones.
 # Typed loosely here (a step is fedcore.nfl.detectors.DetectorStep: (NflState, NflObservation, NflConfig) -> events),

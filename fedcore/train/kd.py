@@ -52,6 +52,7 @@ from fedcore.options import from_dict
 from fedcore.seeds import RoundSeeds
 from fedcore.train import Batches, TrainResult, model_device, train_local
 from fedcore.train.loop import LossMeter, raise_if_diverged
+from fedcore.train.registry import TRAINERS
 from fedcore.train.trainers import (
     Trainer,
     TrainerFactory,
@@ -482,3 +483,9 @@ KD_TRAINERS: dict[str, TrainerFactory] = {
     MOON: moon_trainer,
     HYDRA: hydra_trainer,
 }
+
+
+# This module's trainers (declared, with their options and one lines, in fedcore.train.registry).
+TRAINERS.add("fedntd", fedntd_trainer)
+TRAINERS.add("moon", moon_trainer)
+TRAINERS.add("hydra", hydra_trainer)

@@ -28,8 +28,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedcore.config import ConfigError, TrainingConfig, from_dict
+from fedcore.errors import ConfigError
 from fedcore.models.zoo import BlockModel
+from fedcore.options import from_dict
 from fedcore.seeds import RoundSeeds, derive_seed
 from fedcore.train import Batches, TrainResult, model_device, shuffled_batches, train_local
 from fedcore.train.loop import (
@@ -41,6 +42,7 @@ from fedcore.train.loop import (
     raise_if_diverged,
     run_sgd,
 )
+from fedcore.train.registry import TRAINERS
 from fedcore.train.trainers import (
     Trainer,
     TrainerFactory,
@@ -49,6 +51,7 @@ from fedcore.train.trainers import (
     inference_state,
     personal_copy,
 )
+from fedcore.training_config import TrainingConfig
 
 LINDT = "lindt"
 # Guard of Eq. 8's denominator: ‖Lᵐ‖ = 0 gives score = sigmoid(0) = 1/2 instead of 0/0.
@@ -319,3 +322,7 @@ def lindt_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
 
 
 LINDT_TRAINERS: dict[str, TrainerFactory] = {LINDT: lindt_trainer}
+
+
+# This module's trainers (declared, with their options and one lines, in fedcore.train.registry).
+TRAINERS.add("lindt", lindt_trainer)

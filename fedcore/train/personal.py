@@ -53,6 +53,7 @@ from fedcore.options import from_dict
 from fedcore.seeds import RoundSeeds, derive_seed
 from fedcore.train import Batches, TrainResult, model_device, shuffled_batches, train_local
 from fedcore.train.loop import LossMeter, Optimised, StepHooks, fill_missing_grads, run_sgd, sgd_step
+from fedcore.train.registry import TRAINERS
 from fedcore.train.trainers import (
     Trainer,
     TrainerFactory,
@@ -431,3 +432,10 @@ PERSONAL_TRAINERS: dict[str, TrainerFactory] = {
     FT: ft_trainer,
     FB: fb_trainer,
 }
+
+
+# This module's trainers (declared, with their options and one lines, in fedcore.train.registry).
+TRAINERS.add("ditto", ditto_trainer)
+TRAINERS.add("apfl", apfl_trainer)
+TRAINERS.add("ft", ft_trainer)
+TRAINERS.add("fb", fb_trainer)

@@ -48,7 +48,6 @@ from torch.nn import functional as F
 from fedcore.errors import ConfigError
 from fedcore.models.zoo import HydraModel
 from fedcore.options import from_dict
-from fedcore.registry import Registry
 from fedcore.seeds import RoundSeeds, derive_seed
 from fedcore.serialization import SerializationError, load_state, save_state
 from fedcore.train import (
@@ -67,6 +66,8 @@ from fedcore.train.loop import (
     fill_missing_grads,
     sgd_step,
 )
+from fedcore.train.registry import TRAINERS as TRAINERS  # re-exported: the registry's old home
+from fedcore.train.registry import TrainerFactory as TrainerFactory  # re-exported
 from fedcore.training_config import TrainingConfig
 
 # Seed purpose of the adapted model's dropout masks: derive_seed(seeds.dropout, ADAPT_DROPOUT).
@@ -556,53 +557,13 @@ def noop_trainer(options: Mapping[str, Any] | None = None) -> Trainer:
     return Trainer("noop", _vanilla_init, _noop_train, inference_state)
 
 
-TrainerFactory = Callable[[Mapping[str, Any] | None], Trainer]
-
-# The trainers by name (``recovery.method``, a client's ``trainer``), each with one line for --help and the docs.
-TRAINERS: Registry[TrainerFactory] = Registry("trainer", ValueError)
-TRAINERS.add("vanilla", vanilla_trainer, summary="local SGD (FedProx with prox_mu > 0), no recovery method")
-TRAINERS.add("flguard", flguard_trainer, options=FlGuardConfig,
-             summary="local SGD, with FL-GUARD's model adaptation while recovery is on (the default)")
-TRAINERS.add("noop", noop_trainer, summary="returns the received model at once (benchmarks, protocol tests)")
+# The trainers of this module (declared, with their options and one lines, in fedcore.train.registry).
+TRAINERS.add("vanilla", vanilla_trainer)
+TRAINERS.add("flguard", flguard_trainer)
+TRAINERS.add("noop", noop_trainer)
 
 
 def make_trainer(name: str, options: Mapping[str, Any] | None = None) -> Trainer:
     """The registered trainer ``name`` built with ``options`` (errors name the unknown trainer or the field)."""
-    return TRAINERS.get(name)(options)
-
-
-# The personalization baselines (FL-GUARD §5.2–5.4: Ditto, APFL, fine-tuning FT, classifier fine-tuning FB),
-# LINDT's dual model and the knowledge-distillation trainers live in their own modules, which build on this one:
-# registered here by "module:factory" and imported when a trainer is made, so that either module can be imported
-# first. A new trainer is one new module and one line here (docs/extending.md).
-def deferred(path: str) -> TrainerFactory:
-    """The factory at ``"package.module:function"``, imported on first use."""
-    module, _, attribute = path.partition(":")
-
-    def factory(options: Mapping[str, Any] | None = None) -> Trainer:
-        import importlib
-
-        made: TrainerFactory = getattr(importlib.import_module(module), attribute)
-        return made(options)
-
-    factory.__name__ = attribute
-    return factory
-
-
-TRAINERS.add("ditto", deferred("fedcore.train.personal:ditto_trainer"), options="fedcore.train.personal:DittoConfig",
-             summary="Ditto, a personal model trained toward the global one with weight λ")
-TRAINERS.add("apfl", deferred("fedcore.train.personal:apfl_trainer"), options="fedcore.train.personal:ApflConfig",
-             summary="APFL, a personal model mixed with the global one by a learned α")
-TRAINERS.add("ft", deferred("fedcore.train.personal:ft_trainer"), options="fedcore.train.personal:FineTuneConfig",
-             summary="FT, fine-tunes the whole received global model")
-TRAINERS.add("fb", deferred("fedcore.train.personal:fb_trainer"), options="fedcore.train.personal:FineTuneConfig",
-             summary="FB, fine-tunes only the top layer (the classifier) of the received model")
-TRAINERS.add("lindt", deferred("fedcore.train.lindt:lindt_trainer"), options="fedcore.train.lindt:LindtConfig",
-             summary="LINDT's layer-wise intertwined dual model")
-# The knowledge-distillation trainers (FedNTD, MOON, HYDRA-FL); no recovery method.
-TRAINERS.add("fedntd", deferred("fedcore.train.kd:fedntd_trainer"), options="fedcore.train.kd:FedNtdConfig",
-             summary="FedNTD, cross-entropy plus not-true distillation")
-TRAINERS.add("moon", deferred("fedcore.train.kd:moon_trainer"), options="fedcore.train.kd:MoonConfig",
-             summary="MOON, cross-entropy plus a model-contrastive loss")
-TRAINERS.add("hydra", deferred("fedcore.train.kd:hydra_trainer"), options="fedcore.train.kd:HydraConfig",
-             summary="HYDRA-FL, cross-entropy plus distillation at the final and a shallow head")
+    made: Trainer = TRAINERS.get(name)(options)
+    return made

@@ -35,7 +35,7 @@ from fedcore.distfl import (
     step,
     synthesize,
 )
-from fedcore.seeds import generator
+from fedcore.torch_rng import generator
 
 # ---- helpers ----
 

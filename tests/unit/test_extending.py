@@ -29,18 +29,20 @@ def example(marker: str) -> str:
 
 @pytest.fixture
 def label_smoothing() -> Iterator[None]:
-    """The doc's new file as the module it names, and its registration line run where the doc puts it."""
+    """The doc's declaration run where the doc puts it, then its new file loaded as the module it names, as the
+    first use of the declared name imports it."""
     import types
 
-    import fedcore.train.trainers as trainers_module
+    import fedcore.train.registry as registry_module
 
+    exec(compile(example("registration line"), "<docs/extending.md: registration>", "exec"),
+         dict(vars(registry_module)))
+    assert "label_smoothing" in TRAINERS.names() and TRAINERS.declared_in("label_smoothing") == MODULE
     module = types.ModuleType(MODULE)
     module.__file__ = f"<docs/extending.md: {MODULE}>"
     sys.modules[MODULE] = module
     try:
         exec(compile(example("new trainer file"), module.__file__, "exec"), module.__dict__)
-        exec(compile(example("registration line"), "<docs/extending.md: registration>", "exec"),
-             dict(vars(trainers_module)))
         yield
     finally:
         sys.modules.pop(MODULE, None)

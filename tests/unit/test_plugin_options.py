@@ -12,13 +12,11 @@ from typing import Any
 import pytest
 
 from fedcore.aggregation import AggregationConfig, KrumOptions, MultiKrumOptions, TrimmedMeanOptions
-from fedcore.aggregation.config import LEGACY_RULE_OPTIONS
 from fedcore.attacks import AttackConfig, AttackError, DynOptOptions, LabelFlipOptions, ModelReplacementOptions
-from fedcore.attacks.poisoning import LEGACY_ATTACK_OPTIONS
 from fedcore.config import ConfigError, ServerConfig, build_config, current_shape, from_dict, redacted, to_dict
+from fedcore.migrate import LEGACY_ATTACK_OPTIONS, LEGACY_DETECTOR_OPTIONS, LEGACY_RULE_OPTIONS
 from fedcore.models import build_model
 from fedcore.nfl import CusumOptions, NflConfig, WarmupOptions
-from fedcore.nfl.config import LEGACY_DETECTOR_OPTIONS
 from fedserver.global_models import GlobalModels
 from fedserver.persistence import Persistence, check_identity
 

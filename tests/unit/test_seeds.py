@@ -23,11 +23,10 @@ from fedcore.seeds import (
     GLOBAL_RNG_LOCK,
     PRIVATE,
     derive_seed,
-    generator,
     private_seed,
     round_seeds,
-    seeded_global_rng,
 )
+from fedcore.torch_rng import generator, seeded_global_rng
 from fedcore.train import (
     NondeterministicModuleError,
     deterministic_dropout,
