@@ -134,6 +134,38 @@ def _add_terms(acc: npt.NDArray[np.uint64], terms: npt.NDArray[np.uint64]) -> No
     np.add(acc, terms if terms.ndim == 1 else terms.sum(axis=0, dtype=np.uint64), out=acc)
 
 
+def encode(u: torch.Tensor | npt.NDArray[np.float32] | npt.NDArray[np.float64],
+           multiplier: float) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """The limbs ``(hi, lo)`` (new uint64 ``[P]`` arrays) of ``multiplier * u`` in the fixed point of
+    :class:`FixedPointSum`: for a float32 ``u`` (a tensor or an array) exactly the accumulators of a fresh
+    ``FixedPointSum(P)`` after ``add(u, multiplier)`` (magic offsets included), so that the limbs of several vectors
+    summed modulo 2^64 (:meth:`FixedPointSum.add_encoded`) equal those adds bit for bit. A float64 ``u`` (values
+    computed in float64, e.g. extra scalars to sum beside the parameters) takes the same path from the float64 term
+    ``c = u * multiplier``. The caller keeps every ``|c|`` within :data:`ADD_LIMIT` (:meth:`FixedPointSum.range_error`).
+    """
+    if isinstance(u, torch.Tensor):
+        if u.dtype != torch.float32 or u.dim() != 1:
+            raise ValueError(f"expected a float32 [P] tensor, got {u.dtype} {tuple(u.shape)}")
+        arr: npt.NDArray[np.float32] | npt.NDArray[np.float64] = u.detach().contiguous().numpy()
+    else:
+        arr = u
+        if arr.dtype not in (np.float32, np.float64) or arr.ndim != 1:
+            raise ValueError(f"expected a float32 or float64 [P] array, got {arr.dtype} {arr.shape}")
+    n, m = arr.shape[0], float(multiplier)
+    hi = np.zeros(n, dtype=np.uint64)
+    lo = np.zeros(n, dtype=np.uint64)
+    size = min(CHUNK, max(n, 1))
+    x_buf, t_buf = np.empty(size), np.empty(size)
+    for s in range(0, n, CHUNK):  # chunk by chunk, as FixedPointSum.add: the scratch stays in cache
+        e = min(s + CHUNK, n)
+        x, t = x_buf[: e - s], t_buf[: e - s]
+        np.copyto(x, arr[s:e])  # float32 -> float64 is exact
+        if m != 1.0:
+            np.multiply(x, m, out=x)  # c = float64(u) * m
+        _fold(x, t, hi[s:e], lo[s:e])
+    return hi, lo
+
+
 class FixedPointSum:
     """``Σ m_i u_i`` over float32 ``[P]`` vectors, exact in fixed point and independent of the order of the
     adds (see the module docstring for the range, the resolution and the cost).
@@ -220,6 +252,20 @@ class FixedPointSum:
         np.multiply(x, np.asarray(multipliers, dtype=np.float64).reshape(n, 1), out=x)  # c = float64(u) * m
         _fold(x, t, self._hi, self._lo)
         self.count += n
+
+    def add_encoded(self, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64], count: int = 1) -> None:
+        """Add raw limbs modulo 2^64 (uint64 ``[P]``: the sum of ``count`` vectors' :func:`encode` limbs, e.g. the
+        unmasked result of secure aggregation) and count ``count`` adds: the accumulators then equal, bit for bit,
+        those of the ``count`` adds themselves."""
+        p = self.num_params
+        for name, limb in (("hi", hi), ("lo", lo)):
+            if limb.dtype != np.uint64 or limb.shape != (p,):
+                raise ValueError(f"expected {name} as a uint64 array of shape ({p},), got {limb.dtype} {limb.shape}")
+        if count < 0 or self.count + count > MAX_UPDATES:
+            raise ValueError(f"exact aggregation holds at most {MAX_UPDATES} updates (count {count})")
+        np.add(self._hi, hi, out=self._hi)
+        np.add(self._lo, lo, out=self._lo)
+        self.count += count
 
     def _add_range(self, un: npt.NDArray[np.float32], m: float, start: int, stop: int, scratch: Scratch) -> None:
         x_buf, t_buf = scratch
