@@ -22,7 +22,14 @@ from fedclient.errors import FedClientError, FedClientRefused, SessionLost, Stop
 from fedclient.framed import FramedError, FramedSession
 from fedclient.heartbeats import HEARTBEATS
 from fedclient.stream import WATCHDOG, Exchanges
-from fedclient.transport import ChannelPool, Refused, Transport, classify_unauthenticated, classify_unavailable
+from fedclient.transport import (
+    ChannelPool,
+    Refused,
+    Transport,
+    classify_unauthenticated,
+    classify_unavailable,
+    plaintext_mismatch,
+)
 from fedcore.config import ClientConfig, ConfigError
 from fedcore.identity import shorten
 from fedguard.v1 import fedguard_pb2 as pb
@@ -245,6 +252,7 @@ class Connection:
         backoff = Backoff(cfg.backoff_initial_s, cfg.backoff_max_s, self.rng)
         first_failure: float | None = None
         closed_handshakes = 0
+        probed_tls = False
         while True:
             self.check_stop()
             try:
@@ -258,6 +266,11 @@ class Connection:
                     raise SessionLost from None
                 if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     raise FedClientRefused(classify_unauthenticated(shorten(details, 300))) from None
+                if code == grpc.StatusCode.UNAVAILABLE and cfg.insecure and not probed_tls:
+                    probed_tls = True  # once per call: a plaintext client against a TLS server is refused for good
+                    mismatch = plaintext_mismatch(details, cfg.server)
+                    if mismatch is not None:
+                        raise FedClientRefused(mismatch) from None
                 if code == grpc.StatusCode.UNAVAILABLE:
                     refused, certain = classify_unavailable(details, not cfg.insecure, bool(cfg.cert))
                     closed_handshakes = closed_handshakes + 1 if refused is not None else 0

@@ -10,6 +10,8 @@ signing the header binds the chunks too.
 from __future__ import annotations
 
 import hashlib
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -122,6 +124,47 @@ def classify_unavailable(details: str, tls: bool, has_client_cert: bool) -> tupl
     return None, False
 
 
+# What a TLS handshake attempt tells of the peer: the OpenSSL reasons a plaintext peer causes.
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "record layer failure", "HTTP_REQUEST", "PACKET_LENGTH_TOO_LONG")
+PROBE_TIMEOUT_S = 1.0
+
+
+def speaks_tls(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool | None:
+    """Whether the peer at ``host:port`` answers a TLS handshake: True when it does (the handshake completes, or
+    the peer refuses it with a TLS alert: it requires a client certificate, say), False when it answers in plaintext,
+    None when it cannot tell (unreachable, closed without a word, too slow). Nothing is verified, nothing the peer
+    sends is kept or used: the connection is closed at once. For a plaintext client whose calls fail with "Socket
+    closed" (:func:`plaintext_mismatch`)."""
+    host, _, port = address.rpartition(":")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw, \
+                ctx.wrap_socket(raw, server_hostname=host.strip("[]") or None):
+            return True
+    except ssl.SSLError as e:
+        text = f"{e.reason or ''} {e}"
+        if any(needle in text for needle in _NOT_TLS):
+            return False
+        return True if "ALERT" in text.upper() else None
+    except (OSError, ValueError):
+        return None
+
+
+def plaintext_mismatch(details: str, address: str) -> Refused | None:
+    """The refusal to give a plaintext (``insecure``) client whose call failed with ``details`` (UNAVAILABLE) when
+    the server at ``address`` speaks TLS; None when it does not, or when that cannot be told."""
+    if not any(needle in details for needle in ("Socket closed", "Connection reset", "failed to connect")):
+        return None
+    if speaks_tls(address) is not True:
+        return None
+    return Refused("plaintext against a TLS server", f"the server at {address} speaks TLS and this client runs "
+                                                     "--insecure (plaintext): drop --insecure and give --ca-cert "
+                                                     "(the CA that signed the server's certificate)")
+
+
 def classify_unauthenticated(details: str) -> Refused:
     """The check a refused authentication (UNAUTHENTICATED / PERMISSION_DENIED at join) names."""
     d = details.lower()
@@ -129,7 +172,7 @@ def classify_unauthenticated(details: str) -> Refused:
         return Refused("revoked", details)
     if "bad join token" in d:
         return Refused("bad token", "the server refused the join token (--token-file, FEDGUARD_TOKEN)")
-    if "from the server's clock" in d or "too old for the replay window" in d:
+    if "the server's clock" in d or "too old for the replay window" in d:
         return Refused("clock skew", details)
     if "signature" in d or "enrolled" in d:
         return Refused("bad signature", details)

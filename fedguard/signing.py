@@ -129,8 +129,9 @@ class ReplayGuard:
 
     def check(self, client_id: str, nonce: str, timestamp_ms: int, now_ms: int) -> None:
         if abs(now_ms - timestamp_ms) > self.window_ms:
-            raise AuthError(f"request timestamp is {abs(now_ms - timestamp_ms) / 1000:.1f} s from the server's "
-                            f"clock (window {self.window_ms / 1000:.0f} s)")
+            side = "ahead of" if timestamp_ms > now_ms else "behind"
+            raise AuthError(f"request timestamp is {abs(now_ms - timestamp_ms) / 1000:.1f} s {side} the server's "
+                            f"clock (window {self.window_ms / 1000:.0f} s): set the client's clock (NTP)")
         self._expire(now_ms)
         if timestamp_ms <= self._floor_ms:
             raise AuthError("request timestamp too old for the replay window")

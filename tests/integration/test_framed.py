@@ -322,6 +322,16 @@ def test_mutual_tls_on_the_framed_port_holds_each_client_to_its_certificate(tmp_
             ("tls.handshake_refused", "unknown CA (client certificate not signed by the client CA)"),
             ("tls.handshake_refused", "the client does not trust this server's certificate (unknown CA)")], refused
         assert all(peer.startswith("ipv4:127.0.0.1:") for _, peer, _ in refused), refused
+        # A plaintext peer (a client run with --insecure) on the TLS framed port: named, with its address.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" * 8)
+            with contextlib.suppress(OSError):
+                raw.recv(64)
+        deadline = time.monotonic() + 10
+        while len(refused) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert refused[3][0] == "tls.handshake_refused" and refused[3][1].startswith("ipv4:127.0.0.1:"), refused
+        assert refused[3][2] == "not TLS (a plaintext client?)", refused
 
 
 def test_a_client_that_cannot_reach_the_framed_port_uses_grpc(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from fedclient import ClientConfig, FedClient, FedClientError
+from fedclient.errors import FedClientRefused
 from fedcore.config import FederationInfo, TrainingConfig
 from fedcore.models import build_model, model_manifest
 from fedcore.serialization import pack
@@ -241,6 +242,41 @@ def test_signed_clients_train_and_unsigned_replayed_or_forged_requests_are_refus
         ch.close()
         for c in clients:
             c.stop()
+
+
+@pytest.mark.parametrize("skew_s", [600.0, -600.0])
+def test_a_client_clock_ten_minutes_off_is_refused_naming_the_skew(signed: tuple[ServerThread, dict[str, Path]],
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  skew_s: float) -> None:
+    """A real FedClient whose wall clock is 10 minutes ahead or behind the server's signs its requests with that
+    clock: its join is refused for good (not retried), naming the skew and the server's window
+    (security.replay_window_s, 60 s by default), within seconds."""
+    import fedclient.transport as transport_module
+
+    class SkewedClock:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        @staticmethod
+        def time() -> float:
+            return time.time() + skew_s
+
+    monkeypatch.setattr(transport_module, "time", SkewedClock())
+    srv, keys = signed
+    client = FedClient(ClientConfig(insecure=True, server=srv.address, client_id="client-0", data_index=0,
+                                    long_poll_s=2.0, signing_key=str(keys["client-0"]), give_up_after_s=60.0))
+    t0 = time.monotonic()
+    client.start()
+    with pytest.raises(FedClientRefused) as e:
+        client.join(60)
+    seconds = time.monotonic() - t0
+    message = str(e.value)
+    assert message.startswith("refused: clock skew: "), message
+    side = "ahead of" if skew_s > 0 else "behind"
+    assert f"request timestamp is {abs(skew_s):.0f}" in message, message
+    assert f"{side} the server's clock (window 60 s): set the client's clock (NTP)" in message, message
+    assert seconds < 10.0, seconds
+    print(f"\nCLOCK SKEW | {skew_s:+.0f} s | {seconds:.2f} s | {message}")
 
 
 # ---- bounded resources ----

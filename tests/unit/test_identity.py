@@ -36,7 +36,7 @@ def test_replay_journal_outlives_the_guard_and_is_compacted(tmp_path: Path) -> N
     # Past the window, the journal forgets the nonce at start (compaction) and the window refuses the request.
     later = ReplayGuard(60, journal=ReplayJournal(path), now_ms=1_000_000 + 60_200)
     assert len(later) == 1 and path.read_text().count("\n") == 1
-    with pytest.raises(AuthError, match="from the server's clock"):
+    with pytest.raises(AuthError, match="behind the server's clock"):
         later.check("alice", NONCE, 1_000_000, 1_000_000 + 60_200)
 
 
@@ -110,7 +110,7 @@ def test_client_classifies_refusals_and_not_outages() -> None:
     down = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Connection refused"
     assert classify_unavailable(down, True, True) == (None, False)
     assert classify_unauthenticated("bad join token").check == "bad token"
-    assert classify_unauthenticated("signature refused: request timestamp is 600.0 s from the server's clock "
+    assert classify_unauthenticated("signature refused: request timestamp is 600.0 s ahead of the server's clock "
                                     "(window 60 s)").check == "clock skew"
     assert classify_unauthenticated("client certificate revoked (serial 1f, x.crl)").check == "revoked"
 
