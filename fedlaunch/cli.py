@@ -15,6 +15,7 @@ from typing import Any
 
 from fedcore import plugins
 from fedcore.config import ConfigError, toml_literal
+from fedcore.cores import cpu_cores, threads_per_process
 from fedcore.plugins import one_of
 from fedlaunch.credentials import make_tls_dir
 from fedlaunch.follow import watch
@@ -41,6 +42,18 @@ from fedlaunch.plan import (
 from fedlaunch.supervise import Interrupts, finish, start
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: stopped (or killed) by Ctrl-C or SIGTERM; resumable
+
+
+def layout_note(threads: int, processes: int, ray: bool = False) -> str:
+    """The start line's note when the launcher chose the torch threads per client process itself: local training's
+    float sums depend on the intra-op thread count, so another layout (``--procs``, ``--virtual``, another machine's
+    core count) gives a model that differs in its last bits; pinning ``--torch-threads`` makes the layouts agree
+    (docs/reliability.md, "Reproducibility guarantee")."""
+    plural = "es" if processes > 1 else ""
+    source = "--ray-cpus" if ray else f"{cpu_cores()} cores // {processes} client process{plural}"
+    return (f"note: {threads} torch thread{'s' if threads > 1 else ''} per client process ({source}); the model's "
+            f"last bits depend on it: pin --torch-threads {threads} to get the same model with another --procs or "
+            "--virtual layout")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,13 +134,13 @@ def _main(args: argparse.Namespace, given: dict[str, Any], t0: float) -> int:
     args.attacker_ids = attacker_indices(args.clients, args.attackers, args.seed or 0)
     args.holdout_ids = holdout_indices(args.clients, args.holdouts, args.seed or 0, args.attacker_ids)
     args.data_options = local_data_options(args.server_part, args.server_set)
+    args.layout_note = ""
     if args.torch_threads is None or args.torch_threads == 0:
-        from fedcore.cores import threads_per_process
-
         processes = (math.ceil(args.clients / math.ceil(args.clients / max(args.procs, 1))) if args.virtual or args.ray
                      else args.clients)
         args.torch_threads = (max(1, int(args.ray_cpus)) if args.ray
                               else threads_per_process(processes) if args.procs >= 1 else 1)
+        args.layout_note = layout_note(args.torch_threads, processes, bool(args.ray))
     config = preflight(args)  # everything, in-process, before a single process starts
     if args.ray:
         try:
@@ -183,6 +196,8 @@ def _launch(args: argparse.Namespace, run_dir: Path, t0: float, num_rounds: int)
     print(f"fedguard: server {launch.address} ({transport}), {args.clients} clients ({mode}, "
           f"{args.torch_threads} torch thread{'s' if args.torch_threads > 1 else ''} each){attack_note}, "
           f"{args.rounds or num_rounds} rounds, logs in {run_dir}/", flush=True)
+    if args.layout_note:
+        print(args.layout_note, flush=True)
     outcome = watch(launch, run_dir, tls_dir=args.tls_dir, interrupts=interrupts, num_rounds=num_rounds)
     rc = outcome.server_rc
     if outcome.how in ("stopped", "stopped-unsaved", "killed"):

@@ -258,6 +258,9 @@ def test_clients_that_vanish_on_purpose_are_not_failures(tmp_path: Path) -> None
     vanished = int(summary.split("client hosts ok 6/6, ")[1].split()[0])
     assert vanished >= 1
     assert f"final model {tmp_path / 'run' / 'final_model.fgt'}" in summary
+    # The launcher chose the torch threads itself: it says that the model's bits depend on them, and how to pin them.
+    notes = [line for line in r.stdout.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "pin --torch-threads" in notes[0], r.stdout
 
 
 # ---- stop and resume ----

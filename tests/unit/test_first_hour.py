@@ -93,6 +93,17 @@ def test_co_hosted_clients_share_the_cores() -> None:
     assert [threads_per_process(p, cores=16) for p in (1, 3, 4, 0)] == [16, 5, 4, 16]
 
 
+def test_the_launcher_says_when_its_layout_sets_the_bits() -> None:
+    from fedcore.cores import cpu_cores
+    from fedlaunch.cli import layout_note
+
+    note = layout_note(2, 1)
+    assert note == (f"note: 2 torch threads per client process ({cpu_cores()} cores // 1 client process); the "
+                    "model's last bits depend on it: pin --torch-threads 2 to get the same model with another --procs "
+                    "or --virtual layout")
+    assert "(--ray-cpus)" in layout_note(4, 3, ray=True)
+
+
 def test_client_processes_are_counted_from_proc(tmp_path: Path) -> None:
     from fedcore.cores import client_processes, is_client_command
 
