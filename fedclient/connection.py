@@ -103,6 +103,10 @@ class Connection:
         # The server's framed Session port (announced at join; 0: none), unless configured off or found unreachable
         # since the last join.
         self._framed_port = 0
+        # Resending an update whose acknowledgement never came (the connection broke): backed off as any retried
+        # call, and given up after give_up_after_s of failures in a row (resend_pause, resend_done).
+        self._resend_backoff = Backoff(config.backoff_initial_s, config.backoff_max_s, self.rng)
+        self._resend_since: float | None = None
 
     # ---- lifecycle ----
 
@@ -289,6 +293,24 @@ class Connection:
                 self.log.info("client.retrying", client_id=self.client_id, call=what, code=str(code),
                               delay_s=round(delay, 3))
                 self.sleep(delay)
+
+    def resend_pause(self, what: str, details: str) -> None:
+        """Wait before sending again what got no answer (an update whose acknowledgement did not come): the same
+        backoff as a retried call, so a server that is gone is not hammered; raises :class:`FedClientError` once
+        ``give_up_after_s`` has passed since the first of these failures in a row (:meth:`resend_done` ends a row)."""
+        cfg = self.config
+        now = time.monotonic()
+        self._resend_since = self._resend_since or now
+        if cfg.give_up_after_s and now - self._resend_since > cfg.give_up_after_s:
+            raise FedClientError(f"server {cfg.server} unreachable for {cfg.give_up_after_s:.0f} s ({what}: "
+                                 f"{shorten(details, 300)})")
+        self.on_retry()
+        self.sleep(self._resend_backoff.next_delay())
+
+    def resend_done(self) -> None:
+        """What was sent again got its answer: the next failure starts a new row."""
+        self._resend_since = None
+        self._resend_backoff.reset()
 
     # ---- liveness ----
 

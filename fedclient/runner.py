@@ -398,6 +398,8 @@ class RoundRunner:
         if error is None or code in RETRYABLE or self.conn.stream_refused(error):  # (no stream here: unary calls)
             self.log.info("update.resending", client_id=self.client_id, round=update.round, code=str(code),
                           reason="the answer that was to acknowledge it did not come")
+            detail = "no answer" if error is None else str(error.details() if hasattr(error, "details") else error)
+            self.conn.resend_pause("resend", f"{code}: {detail}")
             self._send(update)
             return
         if code == grpc.StatusCode.UNAUTHENTICATED:  # as a push's: the session is gone, the client joins again
@@ -413,6 +415,7 @@ class RoundRunner:
             self.join()
 
     def _settled(self, update: SentUpdate, accepted: bool, error: grpc.RpcError | None = None) -> None:
+        self.conn.resend_done()
         if accepted:
             self.summary.updates_accepted += 1
             report = update.report

@@ -76,6 +76,24 @@ def test_a_server_unreachable_too_long_is_given_up() -> None:
     assert 1 <= len(slept) < 5  # the first failure starts the clock; given up before the calls ran out
 
 
+def test_resending_an_unacknowledged_update_backs_off_and_gives_up() -> None:
+    """An update whose acknowledgement never comes (the stream broke, the server went away) is sent again: each
+    resend waits the retry backoff (a server that is gone is not hammered: thousands of resends a second before),
+    an answer ends the row, and a row longer than give_up_after_s gives up, naming the last error."""
+    conn, slept = _conn(backoff_initial_s=0.5, backoff_max_s=2.0, give_up_after_s=60.0)
+    for _ in range(6):
+        conn.resend_pause("resend", "StatusCode.UNAVAILABLE: Socket closed")
+    assert len(slept) == 6 and all(0 <= s <= 2.0 for s in slept) and sum(slept) > 0
+    conn.resend_done()
+    conn.resend_pause("resend", "StatusCode.UNAVAILABLE: Socket closed")
+    assert 0 <= slept[-1] <= 0.5  # a new row starts from the initial backoff
+    quick, _ = _conn(give_up_after_s=1e-6)
+    quick.resend_pause("resend", "x")
+    time.sleep(0.01)
+    with pytest.raises(FedClientError, match=r"unreachable for 0 s \(resend: StatusCode.UNAVAILABLE: gone\)"):
+        quick.resend_pause("resend", "StatusCode.UNAVAILABLE: gone")
+
+
 def test_a_cancel_the_client_did_not_make_is_retried_its_own_stop_is_not() -> None:
     """gRPC cancels a few percent of first calls when thousands of channels connect at once: a device retries a
     CANCELLED it did not cause; a stopping client's own cancel ends the call (Stopped, no retry)."""

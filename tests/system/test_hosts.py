@@ -1,0 +1,309 @@
+"""Real hosts: a fedserver and fedclients in their own network namespaces, each with its own address, over mutual TLS.
+
+Each test builds its own small network (issue 53, item 1): a "switch" namespace holding a bridge, and one namespace
+per host joined to it by a veth pair (``ip netns``, ``ip link ... type veth``; iproute2, root). Every address is on a
+private subnet that exists only inside these namespaces; nothing touches the machine's own interfaces, and the
+namespaces are deleted afterwards. Certificates carry the hosts' IP addresses as SANs. A link is cut on the switch's
+side (``ip link set ... down``): packets are dropped silently, as when a cable or a radio link goes, so the peers
+notice only by their timeouts. ``pytest -s ... | grep HOSTS`` prints each scenario's figures.
+
+Skipped, with the reason, where namespaces cannot be made (not root, no iproute2, no CAP_SYS_ADMIN).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedguard.certs import issue_client_cert, issue_server_cert, make_ca, write_private, write_public
+
+pytestmark = pytest.mark.system
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBNET = "10.213.{tag}"
+PORT = 8470
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+
+
+def _why_no_namespaces() -> str | None:
+    """None when this process can make network namespaces, else why not."""
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed"
+    if os.geteuid() != 0:
+        return "making network namespaces needs root"
+    probe = f"fgprobe{os.getpid() % 100000}"
+    made = _run("ip", "netns", "add", probe)
+    if made.returncode != 0:
+        return f"`ip netns add` failed: {made.stderr.strip()}"
+    _run("ip", "netns", "del", probe)
+    return None
+
+
+@dataclass
+class Host:
+    name: str
+    namespace: str
+    address: str
+    switch_port: str  # the veth end on the switch: cutting it cuts this host's link
+
+
+@dataclass
+class Net:
+    """A bridge in its own namespace and hosts joined to it; :meth:`close` deletes every namespace it made."""
+
+    tag: int
+    switch: str = ""
+    hosts: dict[str, Host] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.switch = f"fg{self.tag}sw"
+        self._check(_run("ip", "netns", "add", self.switch))
+        self._check(_run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"))
+        self._check(_run("ip", "-n", self.switch, "link", "set", "br0", "up"))
+
+    @staticmethod
+    def _check(res: subprocess.CompletedProcess[str]) -> None:
+        assert res.returncode == 0, f"{res.args}: {res.stderr}"
+
+    def add(self, name: str, last_octet: int) -> Host:
+        ns, host_if, switch_if = f"fg{self.tag}{name}", f"h{self.tag}{name}", f"s{self.tag}{name}"
+        address = f"{SUBNET.format(tag=self.tag % 250)}.{last_octet}"
+        self._check(_run("ip", "netns", "add", ns))
+        self._check(_run("ip", "-n", ns, "link", "add", host_if, "type", "veth", "peer", "name", switch_if,
+                         "netns", self.switch))
+        self._check(_run("ip", "-n", self.switch, "link", "set", switch_if, "master", "br0", "up"))
+        self._check(_run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", host_if))
+        self._check(_run("ip", "-n", ns, "link", "set", host_if, "up"))
+        self._check(_run("ip", "-n", ns, "link", "set", "lo", "up"))
+        host = Host(name, ns, address, switch_if)
+        self.hosts[name] = host
+        return host
+
+    def link(self, host: Host, up: bool) -> None:
+        self._check(_run("ip", "-n", self.switch, "link", "set", host.switch_port, "up" if up else "down"))
+
+    def close(self) -> None:
+        for host in self.hosts.values():
+            _run("ip", "netns", "del", host.namespace)
+        _run("ip", "netns", "del", self.switch)
+
+
+@pytest.fixture
+def net() -> Iterator[Net]:
+    reason = _why_no_namespaces()
+    if reason is not None:
+        pytest.skip(f"no network namespaces here: {reason}")
+    n = Net(tag=os.getpid() % 1000)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+@dataclass
+class Pki:
+    dir: Path
+    ca: Path
+
+    def client(self, cid: str) -> list[str]:
+        return ["--ca-cert", str(self.ca), "--cert", str(self.dir / f"{cid}.pem"), "--key",
+                str(self.dir / f"{cid}.key"), "--client-id", cid]
+
+
+def _pki(tmp: Path, server_address: str, clients: list[str]) -> Pki:
+    ca = make_ca("hosts test CA")
+    write_public(tmp / "ca.pem", ca.cert_pem)
+    srv = issue_server_cert(ca, [server_address])  # the server host's IP as the SAN: no name override needed
+    write_public(tmp / "server.pem", srv.cert_pem)
+    write_private(tmp / "server.key", srv.key_pem)
+    for cid in clients:
+        issued = issue_client_cert(ca, cid)
+        write_public(tmp / f"{cid}.pem", issued.cert_pem)
+        write_private(tmp / f"{cid}.key", issued.key_pem)
+    return Pki(tmp, tmp / "ca.pem")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _in(host: Host, *cmd: str, log: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(["ip", "netns", "exec", host.namespace, sys.executable, *cmd], cwd=ROOT, env=_env(),
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True)
+
+
+def _events(log: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+    return out
+
+
+@dataclass
+class Federation:
+    server: subprocess.Popen[str]
+    clients: list[subprocess.Popen[str]]
+    server_log: Path
+    client_logs: list[Path]
+    run_dir: Path
+
+    def rounds(self) -> list[dict[str, Any]]:
+        return [e for e in _events(self.server_log) if e.get("event") == "round.completed"]
+
+    def wait_for_round(self, n: int, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while len(self.rounds()) < n:
+            assert self.server.poll() is None, self.server_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"round {n} not reached:\n{self.server_log.read_text()[-3000:]}"
+            time.sleep(0.1)
+        return time.monotonic()
+
+    def finish(self, timeout: float) -> None:
+        try:
+            self.server.wait(timeout)
+            for c in self.clients:
+                c.wait(60)
+        finally:
+            self.kill()
+        assert self.server.returncode == 0, self.server_log.read_text()[-3000:]
+        for c, log in zip(self.clients, self.client_logs, strict=True):
+            assert c.returncode == 0, log.read_text()[-3000:]
+
+    def kill(self) -> None:
+        for p in (self.server, *self.clients):
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait(10)
+
+
+def _federation(net: Net, tmp: Path, clients: int, *server_args: str,
+                client_args: tuple[str, ...] = ()) -> tuple[Federation, dict[str, Host]]:
+    server_host = net.add("srv", 1)
+    client_hosts = {f"host-{i}": net.add(f"c{i}", 11 + i) for i in range(clients)}
+    pki = _pki(tmp, server_host.address, list(client_hosts))
+    server_log = tmp / "server.log"
+    server = _in(server_host, "-m", "fedserver", "--address", f"{server_host.address}:{PORT}", "--run-dir",
+                 str(tmp / "run"), "--log-json", "--tls-cert", str(tmp / "server.pem"), "--tls-key",
+                 str(tmp / "server.key"), "--client-ca", str(pki.ca), "--model", "mlp", "--dataset", "synthetic",
+                 "-k", str(clients), "--linger", "2", *server_args, log=server_log)
+    procs, logs = [], []
+    for i, (cid, host) in enumerate(client_hosts.items()):
+        log = tmp / f"{cid}.log"
+        procs.append(_in(host, "-m", "fedclient", "--server", f"{server_host.address}:{PORT}", *pki.client(cid),
+                         "--data-index", str(i), "--torch-threads", "1", "--log-json", "--give-up-after", "300",
+                         *client_args, log=log))
+        logs.append(log)
+    return Federation(server, procs, server_log, logs, tmp / "run"), client_hosts
+
+
+def test_a_federation_across_four_hosts_over_mutual_tls(net: Net, tmp_path: Path) -> None:
+    fed, hosts = _federation(net, tmp_path, 3, "--rounds", "3", "--min-updates", "3")
+    try:
+        fed.finish(240)
+    finally:
+        fed.kill()
+    rounds = fed.rounds()
+    assert [r["accepted"] for r in rounds] == [3, 3, 3], rounds
+    joined = {e.get("client_id") for e in _events(fed.server_log) if e.get("event") == "client.joined"}
+    assert joined == set(hosts), joined
+    print(f"\nHOSTS | 4 hosts, mutual TLS, 3 rounds | round seconds "
+          f"{[round(float(r.get('seconds', 0)), 2) for r in rounds]}")
+
+
+def test_a_host_cut_off_past_the_deadline_is_left_out_and_rejoins(net: Net, tmp_path: Path) -> None:
+    """(b) A client host loses its link for longer than the round deadline: the round closes at its deadline with
+    the two others, and once the link is back the host takes part again, with nothing lost."""
+    deadline_s, cut_s = 8.0, 20.0
+    fed, hosts = _federation(net, tmp_path, 3, "--rounds", "10", "--min-updates", "2", "--round-timeout",
+                             str(deadline_s), "--set", "server.heartbeat_patience_s=60",
+                             client_args=("--set", "simulation.straggler_delay_s=1.0"))
+    try:
+        fed.wait_for_round(1, 240)
+        cut = hosts["host-2"]
+        net.link(cut, up=False)
+        t_cut = time.monotonic()
+        t_closed = fed.wait_for_round(2, 120)
+        time.sleep(max(0.0, cut_s - (time.monotonic() - t_cut)))
+        net.link(cut, up=True)
+        t_up = time.monotonic()
+        back = None
+        deadline = time.monotonic() + 120
+        while back is None and time.monotonic() < deadline:
+            for r in fed.rounds()[2:]:
+                if r.get("accepted") == 3:
+                    back = r
+                    break
+            assert fed.server.poll() is None, fed.server_log.read_text()[-3000:]
+            time.sleep(0.2)
+        t_back = time.monotonic()
+        assert back is not None, fed.server_log.read_text()[-3000:]
+        fed.finish(240)
+    finally:
+        fed.kill()
+    rounds = fed.rounds()
+    lost = [r["round"] for r in rounds if r["accepted"] < 3]
+    assert rounds[1]["accepted"] == 2, rounds[1]  # the round in which the link went closed without the host
+    assert len(rounds) == 10 and all(r["accepted"] >= 2 for r in rounds), rounds
+    print(f"\nHOSTS | (b) link cut {cut_s:.0f} s, deadline {deadline_s:.0f} s | round closed "
+          f"{t_closed - t_cut:.1f} s after the cut | back {t_back - t_up:.1f} s after the link returned "
+          f"(round {back['round']}) | rounds without it {lost}")
+
+
+def test_garbage_from_another_host_leaves_the_server_serving(net: Net, tmp_path: Path) -> None:
+    """(f) A host that speaks plaintext HTTP, random bytes, or nothing at all to the server's port while a
+    federation runs: the federation completes, every round with every client."""
+    fed, _ = _federation(net, tmp_path, 2, "--rounds", "4", "--min-updates", "2")
+    rogue = net.add("rog", 66)
+    server_address = f"{SUBNET.format(tag=net.tag % 250)}.1"
+    script = (
+        "import os, socket, time\n"
+        f"addr = ({server_address!r}, {PORT})\n"
+        "for payload in [b'GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n', os.urandom(4096), b'PRI * HTTP/2.0\\r\\n\\r\\n"
+        "SM\\r\\n\\r\\n' + os.urandom(512), b'']:\n"
+        "    for _ in range(20):\n"
+        "        try:\n"
+        "            s = socket.create_connection(addr, timeout=5)\n"
+        "            s.sendall(payload)\n"
+        "            time.sleep(0.05)\n"
+        "            s.close()\n"
+        "        except OSError:\n"
+        "            time.sleep(0.2)\n"
+    )
+    try:
+        fed.wait_for_round(1, 240)
+        noise = subprocess.run(["ip", "netns", "exec", rogue.namespace, sys.executable, "-c", script],
+                               capture_output=True, text=True, timeout=120)
+        assert noise.returncode == 0, noise.stderr
+        fed.finish(240)
+    finally:
+        fed.kill()
+    assert [r["accepted"] for r in fed.rounds()] == [2, 2, 2, 2]
+    print("\nHOSTS | (f) 80 connections of HTTP/1.1, random bytes, a broken HTTP/2 preface and silence from a rogue "
+          "host: the federation completed every round")
+
+
+def test_no_namespace_is_left_behind(net: Net) -> None:
+    net.add("one", 5)
+    names = _run("ip", "netns", "list").stdout
+    assert f"fg{net.tag}one" in names
+    net.close()
+    net.hosts.clear()
+    assert f"fg{net.tag}" not in _run("ip", "netns", "list").stdout
+
