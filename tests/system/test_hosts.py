@@ -94,6 +94,15 @@ class Net:
         self.hosts[name] = host
         return host
 
+    def readdress(self, host: Host, last_octet: int) -> str:
+        """Give ``host`` a new address (its old one gone at once, as when a phone changes networks)."""
+        new = f"{SUBNET.format(tag=self.tag % 250)}.{last_octet}"
+        interface = f"h{self.tag}{host.name}"
+        self._check(_run("ip", "-n", host.namespace, "addr", "flush", "dev", interface))
+        self._check(_run("ip", "-n", host.namespace, "addr", "add", f"{new}/24", "dev", interface))
+        host.address = new
+        return new
+
     def link(self, host: Host, up: bool) -> None:
         self._check(_run("ip", "-n", self.switch, "link", "set", host.switch_port, "up" if up else "down"))
 
@@ -322,6 +331,37 @@ def test_a_server_killed_and_restarted_on_its_address_ends_bit_identical(net: Ne
     first = int(resumed[0]["round"])
     print(f"\nHOSTS | (c) server SIGKILL after round 3, restarted on its address | first round after the restart: "
           f"{first}, {t_back - t_kill:.1f} s after the kill | final model bit-identical to the uninterrupted run")
+
+
+def test_a_host_back_with_a_new_address_rejoins_under_its_identity(net: Net, tmp_path: Path) -> None:
+    """(d) A client host's address changes mid-federation (its old one gone at once): its connections from the old
+    address are dead, it reconnects from the new one with its certificate, and takes part again as the same client
+    (mutual TLS binds the session to the certificate's identity, not to an address)."""
+    fed, hosts = _federation(net, tmp_path, 3, "--rounds", "8", "--min-updates", "2", "--round-timeout", "8",
+                             "--set", "server.heartbeat_patience_s=60",
+                             client_args=("--set", "simulation.straggler_delay_s=1.0"))
+    try:
+        fed.wait_for_round(1, 240)
+        old = hosts["host-2"].address
+        new = net.readdress(hosts["host-2"], 99)
+        t_moved = time.monotonic()
+        back = None
+        deadline = time.monotonic() + 180
+        while back is None and time.monotonic() < deadline:
+            back = next((r for r in fed.rounds()[1:] if r.get("accepted") == 3), None)
+            assert fed.server.poll() is None, fed.server_log.read_text()[-3000:]
+            time.sleep(0.2)
+        t_back = time.monotonic()
+        assert back is not None, fed.server_log.read_text()[-3000:]
+        fed.finish(240)
+    finally:
+        fed.kill()
+    joins = [e for e in _events(fed.server_log) if e.get("event") == "client.joined"
+             and e.get("client_id") == "host-2"]
+    assert len(joins) >= 1 and len({e.get("index") for e in joins}) == 1, joins  # one identity, one index
+    assert len(fed.rounds()) == 8, fed.rounds()
+    print(f"\nHOSTS | (d) host-2 moved {old} -> {new} after round 1 | back {t_back - t_moved:.1f} s later "
+          f"(round {back['round']}, all 3 updates) | joins as host-2: {len(joins)}")
 
 
 def test_garbage_from_another_host_leaves_the_server_serving(net: Net, tmp_path: Path) -> None:
