@@ -29,6 +29,7 @@ from fedclient.transport import (
     classify_unauthenticated,
     classify_unavailable,
     plaintext_mismatch,
+    speaks_tls,
 )
 from fedcore.config import ClientConfig, ConfigError
 from fedcore.identity import shorten
@@ -277,6 +278,10 @@ class Connection:
                         raise FedClientRefused(mismatch) from None
                 if code == grpc.StatusCode.UNAVAILABLE:
                     refused, certain = classify_unavailable(details, not cfg.insecure, bool(cfg.cert))
+                    if refused is not None and not certain and speaks_tls(cfg.server) is not True:
+                        # Closed before any TLS was spoken: a proxy or load balancer whose server is not there
+                        # (yet), an outage to retry, not this client's certificate refused.
+                        refused = None
                     closed_handshakes = closed_handshakes + 1 if refused is not None else 0
                     if refused is not None and (certain or closed_handshakes >= HANDSHAKE_CLOSED_REPEATS):
                         raise FedClientRefused(refused) from None

@@ -255,6 +255,28 @@ def test_a_tls_client_against_a_plaintext_server_is_told_so(pki: Pki, tmp_path: 
         srv.stop()
 
 
+def test_a_proxy_without_its_server_is_an_outage_not_a_refused_certificate(pki: Pki, tmp_path: Path) -> None:
+    """A TCP proxy (an L4 load balancer) whose server is not there closes every connection at once: "Socket
+    closed" during the handshake, as a server refusing a client certificate does. The client probes the port, finds
+    no TLS spoken, and retries as for any outage (exit 2 after --give-up-after), instead of exiting 4 with "client
+    certificate refused"."""
+    dead = _port()
+    listen = f"127.0.0.1:{_port()}"
+    proxy = subprocess.Popen([sys.executable, str(ROOT / "tests" / "system" / "netproxy.py"), listen,
+                              f"127.0.0.1:{dead}", "--latency-ms", "0", "--no-upstream", "close"], cwd=ROOT, env=_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proxy.stdout is not None and proxy.stdout.readline().strip() == "proxy.listening"
+        rc, err, s = _client(listen, *pki.client("alice"), "--give-up-after", "4")
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.communicate(timeout=20)
+    line = _one_line(err)
+    _record("TLS client, proxy without its server (--give-up-after 4)", rc, s, line)
+    assert rc == 2, err
+    assert "unreachable for 4 s" in line and "refused" not in line, line
+
+
 def test_the_tls_probe_tells_tls_from_plaintext_and_from_nothing(tls_server: Server) -> None:
     from fedclient.transport import speaks_tls
 

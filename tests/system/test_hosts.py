@@ -134,10 +134,10 @@ class Pki:
                 str(self.dir / f"{cid}.key"), "--client-id", cid]
 
 
-def _pki(tmp: Path, server_address: str, clients: list[str]) -> Pki:
+def _pki(tmp: Path, server_addresses: list[str], clients: list[str]) -> Pki:
     ca = make_ca("hosts test CA")
     write_public(tmp / "ca.pem", ca.cert_pem)
-    srv = issue_server_cert(ca, [server_address])  # the server host's IP as the SAN: no name override needed
+    srv = issue_server_cert(ca, server_addresses)  # the addresses clients dial, as SANs: no name override needed
     write_public(tmp / "server.pem", srv.cert_pem)
     write_private(tmp / "server.key", srv.key_pem)
     for cid in clients:
@@ -210,17 +210,22 @@ def _start_server(host: Host, tmp: Path, clients: int, server_args: tuple[str, .
                "--linger", "2", *server_args, log=log)
 
 
-def _federation(net: Net, tmp: Path, clients: int, *server_args: str,
-                client_args: tuple[str, ...] = ()) -> tuple[Federation, dict[str, Host]]:
+def _federation(net: Net, tmp: Path, clients: int, *server_args: str, client_args: tuple[str, ...] = (),
+                proxied: dict[str, str] | None = None) -> tuple[Federation, dict[str, Host]]:
+    """A server host and ``clients`` client hosts, started; ``proxied``: client id -> the address ("host:port") it
+    dials instead of the server's (a proxy's, also a SAN of the server's certificate)."""
     server_host = net.add("srv", 1)
     client_hosts = {f"host-{i}": net.add(f"c{i}", 11 + i) for i in range(clients)}
-    pki = _pki(tmp, server_host.address, list(client_hosts))
+    proxied = proxied or {}
+    sans = [server_host.address, *sorted({a.rpartition(":")[0] for a in proxied.values()})]
+    pki = _pki(tmp, sans, list(client_hosts))
     server_log = tmp / "server.log"
     server = _start_server(server_host, tmp, clients, server_args, server_log)
     procs, logs = [], []
     for i, (cid, host) in enumerate(client_hosts.items()):
         log = tmp / f"{cid}.log"
-        procs.append(_in(host, "-m", "fedclient", "--server", f"{server_host.address}:{PORT}", *pki.client(cid),
+        dial = proxied.get(cid, f"{server_host.address}:{PORT}")
+        procs.append(_in(host, "-m", "fedclient", "--server", dial, *pki.client(cid),
                          "--data-index", str(i), "--torch-threads", "1", "--log-json", "--give-up-after", "300",
                          *client_args, log=log))
         logs.append(log)
@@ -362,6 +367,40 @@ def test_a_host_back_with_a_new_address_rejoins_under_its_identity(net: Net, tmp
     assert len(fed.rounds()) == 8, fed.rounds()
     print(f"\nHOSTS | (d) host-2 moved {old} -> {new} after round 1 | back {t_back - t_moved:.1f} s later "
           f"(round {back['round']}, all 3 updates) | joins as host-2: {len(joins)}")
+
+
+def test_a_slow_link_is_waited_for_within_its_deadline_and_holds_no_one_else(net: Net, tmp_path: Path) -> None:
+    """(e) One client reaches the server through a proxy host that adds 200 ms each way and caps the link at
+    10 Mbit/s: its updates arrive within the round's deadline, every round has every client, and the others' rounds
+    are not held beyond what the slow link itself costs."""
+    proxy_host = net.add("prx", 50)
+    proxy_address = f"{proxy_host.address}:{PORT}"
+    server_address = f"{SUBNET.format(tag=net.tag % 250)}.1:{PORT}"
+    proxy = subprocess.Popen(["ip", "netns", "exec", proxy_host.namespace, sys.executable,
+                              str(ROOT / "tests" / "system" / "netproxy.py"), proxy_address, server_address,
+                              "--latency-ms", "200", "--mbit", "10"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proxy.stdout is not None and proxy.stdout.readline().strip() == "proxy.listening"
+        deadline_s = 20.0
+        fed, _ = _federation(net, tmp_path, 3, "--rounds", "5", "--min-updates", "3", "--round-timeout",
+                             str(deadline_s), proxied={"host-2": proxy_address})
+        try:
+            fed.finish(300)
+        finally:
+            fed.kill()
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        out, _ = proxy.communicate(timeout=20)
+    forwarded = json.loads(out.strip().splitlines()[-1])
+    rounds = fed.rounds()
+    assert [r["accepted"] for r in rounds] == [3, 3, 3, 3, 3], rounds
+    seconds = [float(r["seconds"]) for r in rounds]
+    assert all(s < deadline_s for s in seconds), seconds
+    assert forwarded["bytes_up"] > 0 and forwarded["bytes_down"] > 0, forwarded
+    print(f"\nHOSTS | (e) one client behind a 200 ms, 10 Mbit/s proxy | round seconds "
+          f"{[round(s, 2) for s in seconds]} (deadline {deadline_s:.0f} s) | proxied {forwarded['bytes_up']} B up, "
+          f"{forwarded['bytes_down']} B down | every round 3/3")
 
 
 def test_garbage_from_another_host_leaves_the_server_serving(net: Net, tmp_path: Path) -> None:
