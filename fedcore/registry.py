@@ -150,6 +150,8 @@ class Registry(Generic[T]):
         """Plugin ``name``'s options decoded from ``table`` and validated by the plugin's dataclass (its
         ``validate()`` when it has one); every error is a :class:`ConfigError` naming ``path.<field>``."""
         options_type = self.options_type(name)
+        if table is not None and not isinstance(table, Mapping):
+            raise ConfigError(path, f"expected a table of {self.kind} {name!r}'s options, got {table!r}")
         table = dict(table or {})
         if options_type is None:
             if table:
