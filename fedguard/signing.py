@@ -177,7 +177,7 @@ def verify_request(keys: Mapping[str, Ed25519PublicKey], guard: ReplayGuard, met
     key = keys.get(client_id)
     if key is None:
         raise AuthError("no enrolled key for this client id")
-    if len(md[TIMESTAMP]) > 20 or not md[TIMESTAMP].isdigit():
+    if len(md[TIMESTAMP]) > 20 or not (md[TIMESTAMP].isascii() and md[TIMESTAMP].isdigit()):  # not "²"
         raise AuthError("malformed timestamp")
     nonce = md[NONCE]
     if len(nonce) != 32 or any(c not in "0123456789abcdef" for c in nonce):

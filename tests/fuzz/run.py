@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-NAMES = ["config_toml", "fgt_file", "frames", "session_request", "update_header"]
+NAMES = ["config_toml", "fgt_file", "frames", "session_request", "signed_request", "update_header"]
 _INTERESTING = [b"\x00", b"\xff", b"\x7f", b"\x80", b"\x00\x00\x00\x00", b"\xff\xff\xff\xff", b"\xff" * 8,
                 b"\x00\x00\x00\x80", b"nan", b"inf", b"-1", b"1e308", b'"', b"[", b"{", b"\n", b"="]
 

@@ -16,12 +16,14 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from google.protobuf.message import DecodeError
 
 from fedcore.config import ClientConfig, ConfigError, ServerConfig, from_dict
 from fedcore.serialization import SerializationError, load_state
 from fedguard import wire
 from fedguard.framing import FrameError, FrameReader
+from fedguard.signing import CLIENT, NONCE, SIGNATURE, TIMESTAMP, AuthError, ReplayGuard, sign_request, verify_request
 from fedguard.v1 import fedguard_pb2 as pb
 
 MAX_FRAME = 1 << 16
@@ -86,7 +88,39 @@ def fgt_file(data: bytes) -> None:
         load_state(_SCRATCH)
 
 
+# One enrolled client with a fixed key (the fuzzer explores what a forger controls: metadata and body, not the key).
+_KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+_KEYS = {"alice": _KEY.public_key()}
+_METHOD = "/fedguard.v1.Federation/Join"
+_NOW_S = 1_800_000_000.0
+_NAMES = (CLIENT, TIMESTAMP, NONCE, SIGNATURE, "other")
+
+
+def encode_request(metadata: list[tuple[str, str]], body: bytes) -> bytes:
+    """The target's input format: per metadata entry, one byte naming the key (its index in ``_NAMES``), the value,
+    and a 0 byte; then 0xff and the body."""
+    out = bytearray()
+    for k, v in metadata:
+        out += bytes([_NAMES.index(k) if k in _NAMES else 4]) + v.encode() + b"\x00"
+    return bytes(out) + b"\xff" + body
+
+
+def signed_request(data: bytes) -> None:
+    """Signed-request verification (fedguard.signing) of metadata and a body a forger chose."""
+    head, _, body = data.partition(b"\xff")
+    metadata = [(_NAMES[entry[0] % len(_NAMES)], entry[1:].decode("utf-8", "replace"))
+                for entry in head.split(b"\x00") if entry]
+    with contextlib.suppress(AuthError):
+        verify_request(_KEYS, ReplayGuard(60), _METHOD, metadata, body, _NOW_S)
+
+
+def signed_seed() -> bytes:
+    """A valid signed request in the target's format (the seed the corpus holds)."""
+    body = b"join me"
+    return encode_request(list(sign_request(_KEY, "alice", _METHOD, body, _NOW_S)), body)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames, "update_header": update_header, "session_request": session_request,
-    "config_toml": config_toml, "fgt_file": fgt_file,
+    "config_toml": config_toml, "fgt_file": fgt_file, "signed_request": signed_request,
 }
