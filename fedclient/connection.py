@@ -300,12 +300,15 @@ class Connection:
                 self.sleep(delay)
 
     def resend_pause(self, what: str, details: str) -> None:
-        """Wait before sending again what got no answer (an update whose acknowledgement did not come): the same
-        backoff as a retried call, so a server that is gone is not hammered; raises :class:`FedClientError` once
-        ``give_up_after_s`` has passed since the first of these failures in a row (:meth:`resend_done` ends a row)."""
+        """Wait before sending again what got no answer (an update whose acknowledgement did not come): the first
+        resend of a row at once, each further one after the same backoff as a retried call (and counted as one), so
+        a server that is gone is not hammered; raises :class:`FedClientError` once ``give_up_after_s`` has passed
+        since the first of these failures in a row (:meth:`resend_done` ends a row)."""
         cfg = self.config
         now = time.monotonic()
-        self._resend_since = self._resend_since or now
+        if self._resend_since is None:  # the first of a row goes at once (a stream replaced, not a failure yet)
+            self._resend_since = now
+            return
         if cfg.give_up_after_s and now - self._resend_since > cfg.give_up_after_s:
             raise FedClientError(f"server {cfg.server} unreachable for {cfg.give_up_after_s:.0f} s ({what}: "
                                  f"{shorten(details, 300)})")

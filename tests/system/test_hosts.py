@@ -184,6 +184,17 @@ class Federation:
             time.sleep(0.1)
         return time.monotonic()
 
+    def wait_for_full_round(self, after: int, size: int, timeout: float) -> tuple[dict[str, Any], float]:
+        """The first completed round past the first ``after`` with ``size`` updates, and when it was seen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = next((r for r in self.rounds()[after:] if r.get("accepted") == size), None)
+            if found is not None:
+                return found, time.monotonic()
+            assert self.server.poll() is None, self.server_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, self.server_log.read_text()[-3000:]
+            time.sleep(0.2)
+
     def finish(self, timeout: float) -> None:
         try:
             self.server.wait(timeout)
@@ -248,17 +259,7 @@ def test_a_host_cut_off_past_the_deadline_is_left_out_and_rejoins(net: Net, tmp_
         time.sleep(max(0.0, cut_s - (time.monotonic() - t_cut)))
         net.link(cut, up=True)
         t_up = time.monotonic()
-        back = None
-        deadline = time.monotonic() + 120
-        while back is None and time.monotonic() < deadline:
-            for r in fed.rounds()[2:]:
-                if r.get("accepted") == 3:
-                    back = r
-                    break
-            assert fed.server.poll() is None, fed.server_log.read_text()[-3000:]
-            time.sleep(0.2)
-        t_back = time.monotonic()
-        assert back is not None, fed.server_log.read_text()[-3000:]
+        back, t_back = fed.wait_for_full_round(2, 3, 120)
         fed.finish(240)
     finally:
         fed.kill()
@@ -350,14 +351,7 @@ def test_a_host_back_with_a_new_address_rejoins_under_its_identity(net: Net, tmp
         old = hosts["host-2"].address
         new = net.readdress(hosts["host-2"], 99)
         t_moved = time.monotonic()
-        back = None
-        deadline = time.monotonic() + 180
-        while back is None and time.monotonic() < deadline:
-            back = next((r for r in fed.rounds()[1:] if r.get("accepted") == 3), None)
-            assert fed.server.poll() is None, fed.server_log.read_text()[-3000:]
-            time.sleep(0.2)
-        t_back = time.monotonic()
-        assert back is not None, fed.server_log.read_text()[-3000:]
+        back, t_back = fed.wait_for_full_round(1, 3, 180)
         fed.finish(240)
     finally:
         fed.kill()
