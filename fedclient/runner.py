@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import grpc
+import numpy as np
+import numpy.typing as npt
 import torch
 from google.protobuf.message import DecodeError
 from torch import nn
@@ -26,6 +28,7 @@ from fedclient.embed import EmbeddingApi
 from fedclient.errors import FedClientError, SessionLost
 from fedclient.local_round import LocalRound, LocalRoundError
 from fedclient.mods import CallNext, ModContext, RoundReply, RoundTask, chain, client_mods
+from fedclient.secure import SecureClient, SecureRound, SecureRoundAbandoned
 from fedclient.setup import ClientSetup
 from fedclient.simulation import DeviceSimulation
 from fedclient.stream import Exchanges, StreamEnded
@@ -33,6 +36,7 @@ from fedclient.transport import update_frames
 from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.models import load_weights, model_fingerprint, model_manifest
+from fedcore.secagg.config import MASKED_TENSOR
 from fedcore.serialization import DEFAULT_CHUNK_BYTES, Reassembler, SerializationError, TensorMeta, payload_of
 from fedcore.update_report import BetaHat, UpdateReport
 from fedguard import wire
@@ -68,6 +72,8 @@ class SentUpdate:
     report: UpdateReport
     beta_hat_measured: BetaHat
     inline: bool  # the model came inside its task's header: the update goes the same way
+    # Secure aggregation: the masked input sent instead of the weights (fedclient.secure), or None.
+    masked: npt.NDArray[np.uint64] | None = None
 
 
 class UpdateUnsettled(Exception):
@@ -96,6 +102,8 @@ class RoundRunner:
         self._pushed_with_answer = False
         # An update whose acknowledgement is the answer to the pull sent with it (SessionRequest.pushed_with_answer).
         self._unsettled: SentUpdate | None = None
+        self._secure: SecureClient | None = None  # secure aggregation, when the server runs it
+        self._accepted_last = False  # the fate of the last update settled
 
     # ---- join ----
 
@@ -134,6 +142,9 @@ class RoundRunner:
         self.api.published.set_template(self.setup.model)
         if self._round is None:
             self._round = chain(client_mods(self.config.attack, self.setup.data), self._train)
+        self._secure = None if fed.secure is None else SecureClient(
+            fed.secure, fed.federation_id, self.client_id, lambda: self.conn.session, self._secagg_exchange,
+            lambda message: self.conn.require().sign_advertisement(message), self.log, self.config.long_poll_s)
         self.log.info("client.joined", client_id=self.client_id, federation=reply.config.federation_id,
                       index=reply.client_index, num_train=self.setup.data.num_train)
 
@@ -332,17 +343,66 @@ class RoundRunner:
         assert self._round is not None and self.setup.data is not None
         round_ = int(header.round)
         started = time.monotonic()
+        secure: SecureRound | None = None
+        if self._secure is not None:  # keys and shares before training: a dropped device does not train
+            try:
+                secure = self._secure.prepare(round_, int(header.attempt))
+            except (SecureRoundAbandoned, grpc.RpcError) as e:
+                self._secure_skipped(round_, e)
+                return
+        received = dict(state)  # the model handed out (the round may replace the dict's entries)
         task = RoundTask(round_, state, bool(header.recovery), header.learning_rate or None, self.setup.data)
         reply = self._round(task, self._context())
         out = reply.outcome
         if out is None:
             return
         sent = dataclasses.replace(out.report, train_seconds=time.monotonic() - started)
+        masked = None
+        if secure is not None and self._secure is not None:
+            assert self.setup.model is not None
+            try:
+                masked = self._secure.masked_input(secure, received, self.setup.model.state_dict(),
+                                                   float(sent.num_samples))
+            except (SecureRoundAbandoned, ValueError) as e:
+                self._secure_skipped(round_, e)
+                return
         self.summary.rounds_trained += 1
         self.summary.last_round = round_
         self.summary.history.append(ClientRoundReport(round_, sent, out.beta_hat_measured).history_row())
         # A server that sent the model inside its header reads an update sent the same way.
-        self._send(SentUpdate(round_, sent, out.beta_hat_measured, inline=bool(header.data)))
+        update = SentUpdate(round_, sent, out.beta_hat_measured, inline=bool(header.data) and masked is None,
+                            masked=masked)
+        self._send(update)
+        if secure is not None and self._secure is not None and self._accepted_last:
+            try:
+                self._secure.unmask(secure)
+            except (SecureRoundAbandoned, grpc.RpcError) as e:
+                self._secure_skipped(round_, e)
+
+    def _secure_skipped(self, round_: int, e: Exception) -> None:
+        reason = e.details() if isinstance(e, grpc.RpcError) and hasattr(e, "details") else str(e)
+        self.log.warning("secagg.left_round", client_id=self.client_id, round=round_, reason=reason)
+
+    def _secagg_exchange(self, request: pb.SecAggRequest) -> pb.SecAggReply:
+        """One secure-aggregation exchange, on the Session stream or as the unary call (retried like a pull)."""
+        limit = float(request.max_wait_s) + 30.0
+
+        def do_exchange() -> pb.SecAggReply:
+            def on_stream(stream: Exchanges) -> pb.SecAggReply:
+                stream.send([pb.SessionRequest(secagg=request).SerializeToString()])
+                answer = pb.SessionReply.FromString(stream.reply())
+                if answer.WhichOneof("kind") != "secagg":
+                    raise StreamEnded("the server answered a secure-aggregation message with something else")
+                return answer.secagg
+
+            streamed = self._on_stream(on_stream, limit)
+            if streamed is not None:
+                return streamed.value
+            reply: pb.SecAggReply = self.conn.tracked(self.conn.require().future("SecureAggregate", request,
+                                                                                   timeout=limit))
+            return reply
+
+        return self.conn.retrying("secagg", do_exchange)
 
     def _train(self, task: RoundTask, ctx: ModContext) -> RoundReply:
         """The innermost step of the chain: the local round on the task, heartbeating, the app told of the new
@@ -416,6 +476,7 @@ class RoundRunner:
 
     def _settled(self, update: SentUpdate, accepted: bool, error: grpc.RpcError | None = None) -> None:
         self.conn.resend_done()
+        self._accepted_last = accepted
         if accepted:
             self.summary.updates_accepted += 1
             report = update.report
@@ -437,18 +498,25 @@ class RoundRunner:
         the device's round is then one message each way). That is asked for unless the app wants to hear of each
         round at once (an ``on_round_end`` callback)."""
         assert self.setup.model is not None
-        manifest, payload = payload_of(self.setup.model.state_dict())  # views of the weights, no copy
+        kind = pb.WEIGHTS
+        payload: Any
+        if update.masked is not None:  # secure aggregation: the masked words, sent as int64
+            manifest = [TensorMeta(MASKED_TENSOR, "int64", (int(update.masked.shape[0]),))]
+            payload, kind = update.masked.view(np.int64).tobytes(), pb.MASKED
+        else:
+            manifest, payload = payload_of(self.setup.model.state_dict())  # views of the weights, no copy
         chunk_bytes = (self.fed.chunk_bytes if self.fed is not None else 0) or DEFAULT_CHUNK_BYTES
 
         def do_push() -> pb.PushReply | None:
             header = pb.UpdateHeader(
                 session_id=self.conn.session, round=update.round, report=wire.update_report_to_pb(update.report),
-                kind=pb.WEIGHTS, tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
+                kind=kind, tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
             def on_stream(stream: Exchanges) -> pb.PushReply | None:
                 # The next pull goes with the update when the device could send it now (online and eligible, as
-                # the loop would check before it): one message per round instead of two.
+                # the loop would check before it): one message per round instead of two. Not with a masked input:
+                # its unmasking exchanges follow on the stream.
                 then = self._pull_request() if self._then_pull and self.sim.online() and self._eligible_now() \
-                    else None
+                    and update.masked is None else None
                 deferred = then is not None and self._pushed_with_answer and not self.api.callbacks.wants("round_end")
                 first, chunks = update_frames(header, payload, chunk_bytes, pb.SessionRequest, update.inline, then,
                                               deferred)

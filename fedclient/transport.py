@@ -45,7 +45,7 @@ IDLE_WAIT_SLICE_S = 60.0
 if getattr(grpc._common, "MAXIMUM_WAIT_TIMEOUT", IDLE_WAIT_SLICE_S) < IDLE_WAIT_SLICE_S:
     setattr(grpc._common, "MAXIMUM_WAIT_TIMEOUT", IDLE_WAIT_SLICE_S)  # noqa: B010 (a private module's constant)
 _REPLIES: dict[str, Any] = {"Join": pb.JoinReply, "Heartbeat": pb.HeartbeatReply, "Leave": pb.LeaveReply,
-            "GetStatus": pb.StatusReply}
+            "GetStatus": pb.StatusReply, "SecureAggregate": pb.SecAggReply}
 
 
 def _read(path: str, field: str) -> bytes:
@@ -371,6 +371,11 @@ class Transport:
             yield from chunks
 
         return self._push.future(frames(), timeout=timeout, metadata=self._metadata("PushUpdate", first))
+
+    def sign_advertisement(self, message: bytes) -> bytes:
+        """A secure-aggregation key advertisement's signature: by the enrolled signing key, else empty (the
+        authenticated session binds the keys to this client; docs/security.md)."""
+        return b"" if self._key is None else bytes(self._key.sign(message))
 
     @property
     def signs(self) -> bool:

@@ -33,6 +33,7 @@ from fedcore.options import to_dict as to_dict  # re-exported
 from fedcore.pipeline_config import PipelineConfig
 from fedcore.privacy import DpConfig
 from fedcore.rounds import RoundsConfig as RoundsConfig  # re-exported: the section lives beside the round machine
+from fedcore.secagg.config import SecureAggregationConfig
 from fedcore.server_opt.config import ServerOptimizerConfig
 from fedcore.simulation import SimulationConfig
 from fedcore.train.registry import TRAINERS
@@ -202,6 +203,9 @@ class ServerConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     # Adaptive clipping for server-side DP (fedcore.adaptive_clip, docs/privacy.md): off unless enabled.
     adaptive_clip: AdaptiveClipConfig = field(default_factory=AdaptiveClipConfig)
+    # Secure aggregation's parameters (SecAgg+: the neighbour graph, the threshold, the dropouts tolerated, the
+    # phase deadlines), used when aggregation.secure = "secagg+" (docs/security.md).
+    secagg: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
 
     def validate(self) -> ServerConfig:
         validate_server_config(self)
@@ -233,6 +237,9 @@ class FederationInfo:
     # The server's [recovery] method and options (a client's own ``trainer`` wins).
     recovery_method: str = "flguard"
     recovery_options: dict[str, Any] = field(default_factory=dict)
+    # Secure aggregation, when the server runs it (None: off): its parameters and what a device does before
+    # masking (fedcore.secagg.client.SecureSettings).
+    secure: Any = None
 
 
 @dataclass
@@ -399,6 +406,30 @@ def validate_server_config(c: ServerConfig) -> None:
     require(sec.max_sessions_per_credential >= 1, "security.max_sessions_per_credential",
             f"must be >= 1, got {sec.max_sessions_per_credential}")
     _validate_harness(c)
+    _validate_secure(c)
+
+
+def _validate_secure(c: ServerConfig) -> None:
+    """``[secagg]``'s values, and the features that need each update, which secure aggregation never shows the
+    server: refused at start, naming the reason (docs/security.md, "What is refused")."""
+    try:
+        c.secagg.validate()
+    except ConfigError as e:
+        raise e.under("secagg") from None
+    if c.aggregation.secure == "off":
+        return
+    field_path = "aggregation.secure"
+    require(not c.distfl.enabled, field_path, "DistFL clusters the individual models, which secure aggregation "
+                                              "never shows the server: set distfl.enabled = false or secure = \"off\"")
+    require(not c.adaptive_clip.enabled, field_path,
+            "adaptive clipping counts the updates over the clip norm, which secure aggregation hides: set "
+            "adaptive_clip.enabled = false or secure = \"off\"")
+    require(not c.simulation_harness.full_knowledge_adversary, field_path,
+            "the full-knowledge test harness crafts updates from the honest ones, which secure aggregation hides")
+    k = c.rounds.num_selected
+    require(k >= c.secagg.min_clients, field_path,
+            f"a secure round needs at least secagg.min_clients = {c.secagg.min_clients} selected clients "
+            f"(with two, either learns the other's update from the sum); rounds select {k}")
 
 
 def _validate_dp(c: ServerConfig) -> None:
@@ -473,7 +504,7 @@ def effective_aggregation(c: ServerConfig) -> AggregationConfig:
     once w_div is above 10), and when the full-knowledge test harness must see the round's rows; that keeps a
     [K, P] float32 buffer for FedAvg."""
     if (c.nfl.detector == "delta" or c.simulation_harness.full_knowledge_adversary) \
-            and not c.aggregation.exact_metrics:
+            and not c.aggregation.exact_metrics and c.aggregation.secure == "off":  # secure: w_div from the sum
         return dataclasses.replace(c.aggregation, exact_metrics=True)
     return c.aggregation
 

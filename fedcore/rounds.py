@@ -301,8 +301,19 @@ class AggregationFailed:
     now: float
 
 
+@dataclass(frozen=True)
+class AttemptFailed:
+    """The round's attempt cannot complete while it trains (secure aggregation lost too many devices, named in
+    ``reason``): it is abandoned and re-run at once, not held to its deadline."""
+
+    round: int
+    attempt: int
+    reason: str
+    now: float
+
+
 Observation = (Joined | Seen | Polled | Declined | Left | Tick | UpdateAccepted | UpdateRejected | Aggregated
-               | AggregationFailed)
+               | AggregationFailed | AttemptFailed)
 
 
 # ---- events ----
@@ -496,7 +507,7 @@ def step_in_place(state: RoundState, obs: Observation, config: RoundsConfig, lim
             s.rejected.setdefault(obs.client_id, obs.reason)
     elif isinstance(obs, Aggregated) and s.phase == AGGREGATING and obs.round == s.round:
         _next_round(s, obs.now, config, events, obs.finish)
-    elif isinstance(obs, AggregationFailed) and s.phase == AGGREGATING and obs.round == s.round:
+    elif isinstance(obs, AggregationFailed | AttemptFailed) and _fails_attempt(s, obs):
         events.append(RoundAbandoned(s.round, s.attempt, len(s.accepted), config.effective_min_updates,
                                      obs.reason))
         s.attempt += 1
@@ -509,6 +520,14 @@ def step_in_place(state: RoundState, obs: Observation, config: RoundsConfig, lim
     else:  # a quiet contact with nothing due returned above
         _advance(s, obs.now, config, limits, events)
     return s, events
+
+
+def _fails_attempt(s: RoundState, obs: AggregationFailed | AttemptFailed) -> bool:
+    """Whether ``obs`` ends the round's current attempt: its aggregation failed, or (secure aggregation) it cannot
+    complete while it trains."""
+    if isinstance(obs, AggregationFailed):
+        return s.phase == AGGREGATING and obs.round == s.round
+    return s.phase == TRAINING and (obs.round, obs.attempt) == (s.round, s.attempt)
 
 
 def _quiet_contact(s: RoundState, obs: Observation, limits: Limits) -> ClientRecord | None:

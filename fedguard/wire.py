@@ -12,6 +12,8 @@ from fedcore import rounds
 from fedcore.config import FederationInfo, TrainingConfig
 from fedcore.nfl import NflSettings
 from fedcore.report import DistflStatus, FederationStatus, NflStatus, RoundReport
+from fedcore.secagg import protocol as secagg
+from fedcore.secagg.config import SecureAggregationConfig, SecureSettings
 from fedcore.serialization import DEFAULT_CHUNK_BYTES, Payload, SerializationError, TensorMeta, iter_chunks
 from fedcore.update_report import UpdateReport, from_metrics_map
 from fedguard.v1 import fedguard_pb2 as pb
@@ -220,7 +222,8 @@ def federation_to_pb(f: FederationInfo) -> pb.FederationConfig:
         data_options_json=json.dumps(f.data_options, sort_keys=True), num_rounds=f.num_rounds, seed=f.seed,
         chunk_bytes=f.chunk_bytes, nfl=nfl_settings_to_pb(f.nfl),
         nfl_mode=f.nfl.mode, nfl_nr=f.nfl.nr, nfl_c=f.nfl.c,  # the flat fields, for clients older than `nfl`
-        recovery_method=f.recovery_method, recovery_options_json=json.dumps(f.recovery_options, sort_keys=True))
+        recovery_method=f.recovery_method, recovery_options_json=json.dumps(f.recovery_options, sort_keys=True),
+        secure=secure_settings_to_pb(f.secure) if f.secure is not None else None)
 
 
 def federation_from_pb(p: pb.FederationConfig) -> FederationInfo:
@@ -234,7 +237,33 @@ def federation_from_pb(p: pb.FederationConfig) -> FederationInfo:
         seed=int(p.seed), chunk_bytes=int(p.chunk_bytes),
         nfl=nfl_settings_from_pb(p.nfl) if p.HasField("nfl") else NflSettings(p.nfl_mode, int(p.nfl_nr), int(p.nfl_c)),
         recovery_method=p.recovery_method or "flguard",
-        recovery_options=_json_object(p.recovery_options_json, "recovery_options_json"))
+        recovery_options=_json_object(p.recovery_options_json, "recovery_options_json"),
+        secure=secure_settings_from_pb(p.secure) if p.HasField("secure") else None)
+
+
+def secure_settings_to_pb(s: SecureSettings) -> pb.SecureAggregationSettings:
+    c = s.config
+    return pb.SecureAggregationSettings(
+        protocol=s.protocol, neighbours=c.neighbours, threshold=c.threshold, max_dropout=c.max_dropout,
+        corrupt_fraction=c.corrupt_fraction, security_bits=c.security_bits, correctness_bits=c.correctness_bits,
+        min_clients=c.min_clients, norm_bound=c.norm_bound, phase_timeout_s=c.phase_timeout_s,
+        clip_norm=s.clip_norm or 0.0, weighted=s.weighted,
+        max_update_norm=s.max_update_norm if s.max_update_norm != float("inf") else 0.0)
+
+
+def secure_settings_from_pb(p: pb.SecureAggregationSettings) -> SecureSettings:
+    """The server's secure-aggregation announcement; :class:`SerializationError` for values no config could hold."""
+    config = SecureAggregationConfig(
+        neighbours=int(p.neighbours), threshold=p.threshold, max_dropout=p.max_dropout,
+        corrupt_fraction=p.corrupt_fraction, security_bits=int(p.security_bits),
+        correctness_bits=int(p.correctness_bits), min_clients=int(p.min_clients), norm_bound=p.norm_bound,
+        phase_timeout_s=p.phase_timeout_s)
+    settings = SecureSettings(config, p.protocol, p.clip_norm or None, bool(p.weighted),
+                              p.max_update_norm or float("inf"))
+    try:
+        return settings.validate()
+    except ValueError as e:
+        raise SerializationError(f"the server announced unusable secure-aggregation settings: {e}") from None
 
 
 def _json_object(raw: str, name: str) -> dict[str, Any]:
@@ -386,3 +415,81 @@ def update_report_from_pb(h: pb.UpdateHeader) -> UpdateReport:
     return UpdateReport(num_samples=int(p.num_samples), train_loss=p.train_loss, adapting=p.adapting,
                         infers_adapted=p.infers_adapted, train_seconds=p.train_seconds,
                         passes=p.passes if p.HasField("passes") else 1.0, extras=dict(p.extras), **measured)
+
+
+# ---- secure aggregation (fedcore.secagg.protocol): each message's pair; the federation, round and the sender or
+# recipient come from the call (its session, its SecAggRequest / SecAggReply), not from the message body ----
+
+def advertisement_to_pb(a: secagg.Advertisement) -> pb.SecAggAdvertisement:
+    return pb.SecAggAdvertisement(client_id=a.client_id, c_pk=a.c_pk, s_pk=a.s_pk, signature=a.signature)
+
+
+def advertisement_from_pb(p: pb.SecAggAdvertisement, federation_id: str, round_: int) -> secagg.Advertisement:
+    return secagg.Advertisement(federation_id, round_, p.client_id, bytes(p.c_pk), bytes(p.s_pk), bytes(p.signature))
+
+
+def _sealed_to_pb(shares: Iterable[secagg.EncryptedShare]) -> list[pb.SealedShare]:
+    return [pb.SealedShare(sender=s.sender, recipient=s.recipient, ciphertext=s.ciphertext) for s in shares]
+
+
+def _sealed_from_pb(ps: Iterable[pb.SealedShare]) -> tuple[secagg.EncryptedShare, ...]:
+    return tuple(secagg.EncryptedShare(p.sender, p.recipient, bytes(p.ciphertext)) for p in ps)
+
+
+def shares_to_pb(u: secagg.ShareUpload) -> pb.SecAggShares:
+    return pb.SecAggShares(shares=_sealed_to_pb(u.shares), commitment=u.commitment)
+
+
+def shares_from_pb(p: pb.SecAggShares, federation_id: str, round_: int, client_id: str) -> secagg.ShareUpload:
+    return secagg.ShareUpload(federation_id, round_, client_id, _sealed_from_pb(p.shares), bytes(p.commitment))
+
+
+def _revealed_to_pb(pairs: Iterable[tuple[str, bytes]]) -> list[pb.RevealedShare]:
+    return [pb.RevealedShare(owner=o, share=b) for o, b in pairs]
+
+
+def _revealed_from_pb(ps: Iterable[pb.RevealedShare]) -> tuple[tuple[str, bytes], ...]:
+    return tuple((p.owner, bytes(p.share)) for p in ps)
+
+
+def unmask_to_pb(u: secagg.UnmaskUpload) -> pb.SecAggUnmask:
+    return pb.SecAggUnmask(self_mask_shares=_revealed_to_pb(u.self_mask_shares),
+                           key_shares=_revealed_to_pb(u.key_shares))
+
+
+def unmask_from_pb(p: pb.SecAggUnmask, federation_id: str, round_: int, client_id: str) -> secagg.UnmaskUpload:
+    return secagg.UnmaskUpload(federation_id, round_, client_id, _revealed_from_pb(p.self_mask_shares),
+                               _revealed_from_pb(p.key_shares))
+
+
+def key_request_to_pb(r: secagg.KeyRequest) -> pb.SecAggKeyRequest:
+    return pb.SecAggKeyRequest(participants=list(r.participants), neighbours=r.neighbours, threshold=r.threshold,
+                               min_survivors=r.min_survivors, graph_seed=r.graph_seed, num_params=r.num_params,
+                               num_extras=r.num_extras,
+                               advertisements=[advertisement_to_pb(a) for a in r.advertisements])
+
+
+def key_request_from_pb(p: pb.SecAggKeyRequest, federation_id: str, round_: int) -> secagg.KeyRequest:
+    return secagg.KeyRequest(federation_id, round_, tuple(p.participants), int(p.neighbours), int(p.threshold),
+                             int(p.min_survivors), int(p.graph_seed), int(p.num_params), int(p.num_extras),
+                             tuple(advertisement_from_pb(a, federation_id, round_) for a in p.advertisements))
+
+
+def mask_request_to_pb(r: secagg.MaskRequest) -> pb.SecAggMaskRequest:
+    return pb.SecAggMaskRequest(shares=_sealed_to_pb(r.shares))
+
+
+def mask_request_from_pb(p: pb.SecAggMaskRequest, federation_id: str, round_: int,
+                         recipient: str) -> secagg.MaskRequest:
+    return secagg.MaskRequest(federation_id, round_, recipient, _sealed_from_pb(p.shares))
+
+
+def unmask_request_to_pb(r: secagg.UnmaskRequest) -> pb.SecAggUnmaskRequest:
+    return pb.SecAggUnmaskRequest(survivors=list(r.survivors), reveal_self_mask=list(r.reveal_self_mask),
+                                  reveal_key=list(r.reveal_key))
+
+
+def unmask_request_from_pb(p: pb.SecAggUnmaskRequest, federation_id: str, round_: int,
+                           recipient: str) -> secagg.UnmaskRequest:
+    return secagg.UnmaskRequest(federation_id, round_, recipient, tuple(p.survivors), tuple(p.reveal_self_mask),
+                                tuple(p.reveal_key))

@@ -123,7 +123,42 @@ def check_update_header(h: pb.UpdateHeader) -> None:
         raise _bad("tensors", f"at most {MAX_TENSORS} tensors")
     for t in h.tensors:
         _text(t.name, "tensors.name", MAX_TENSOR_NAME)
-    if h.kind not in (pb.UPDATE_KIND_UNSPECIFIED, pb.WEIGHTS, pb.DELTA):
+    if h.kind not in (pb.UPDATE_KIND_UNSPECIFIED, pb.WEIGHTS, pb.DELTA, pb.MASKED):
         raise _bad("kind", f"unknown update kind {h.kind}")
     if h.payload_sha256 and len(h.payload_sha256) != 32:
         raise _bad("payload_sha256", f"must be 32 bytes, got {len(h.payload_sha256)}")
+
+
+MAX_SECAGG_ITEMS = 1 << 16  # shares or revealed shares in one message: at most one per neighbour, k < 2^16
+MAX_SECAGG_BYTES = 256  # a key, a signature, a commitment, a sealed or revealed share
+
+
+def check_secagg(r: pb.SecAggRequest) -> None:
+    """A secure-aggregation message's sizes; its content is checked by the protocol (fedcore.secagg.protocol)."""
+    check_session(r.session_id)
+    _count(r.round, "round", MAX_ROUND)
+    _number(r.max_wait_s, "max_wait_s", 0.0, MAX_WAIT_S)
+    kind = r.WhichOneof("kind")
+    blobs: list[tuple[str, bytes]] = []
+    ids: list[tuple[str, str]] = []
+    if kind == "advertisement":
+        a = r.advertisement
+        blobs = [("advertisement.c_pk", a.c_pk), ("advertisement.s_pk", a.s_pk),
+                 ("advertisement.signature", a.signature)]
+        ids = [("advertisement.client_id", a.client_id)]
+    elif kind == "shares":
+        _count(len(r.shares.shares), "shares.shares", MAX_SECAGG_ITEMS)
+        blobs = [("shares.commitment", r.shares.commitment),
+                 *(("shares.shares.ciphertext", s.ciphertext) for s in r.shares.shares)]
+        ids = [(f"shares.shares.{f}", getattr(s, f)) for s in r.shares.shares for f in ("sender", "recipient")]
+    elif kind == "unmask":
+        pairs = [*r.unmask.self_mask_shares, *r.unmask.key_shares]
+        _count(len(pairs), "unmask", MAX_SECAGG_ITEMS)
+        blobs = [("unmask.share", p.share) for p in pairs]
+        ids = [("unmask.owner", p.owner) for p in pairs]
+    for name, blob in blobs:
+        if len(blob) > MAX_SECAGG_BYTES:
+            raise _bad(name, f"at most {MAX_SECAGG_BYTES} bytes, got {len(blob)}")
+    for name, value in ids:
+        if not valid_client_id(value):
+            raise _bad(name, f"{shorten(value)!r} is not a valid client id ({CLIENT_ID_RULE})")

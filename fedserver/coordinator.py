@@ -62,6 +62,7 @@ from fedserver.polls import LongPolls
 from fedserver.round_close import RoundCloser, RoundSubscriber
 from fedserver.round_log import WaitingLine, log_event
 from fedserver.round_timing import RoundTimer
+from fedserver.secure_round import SecureRounds, session_bound
 from fedserver.sessions import Sessions
 from fedserver.uploads import UploadGate
 
@@ -130,9 +131,11 @@ class Coordinator:
         # What a round's close does, composed in one place (fedserver.pipeline): the stages' hooks and their state.
         self.pipeline = compose(ServerParts(config, self.models, self.nfl, self.dp, self.clusters, self.history,
                                             self.persistence, self.timing, self.run_dir, self.log))
+        # Secure aggregation (off unless aggregation.secure): the servicer sets its verifier (enrolled keys).
+        self.secure = SecureRounds(config, self.models.num_params, clock, self.log, session_bound, self.observe)
         self.intake = UpdateIntake(config, self.models, state, self.observe, clock, self.dispatch.model_id_for,
                                    self.clusters.make_buffer if self.clusters.enabled else None,
-                                   self.pipeline.round_aggregation)
+                                   self.pipeline.round_aggregation, self.secure)
         self.uploads = UploadGate(self.members, self.intake, stopping, self.timing)
         eval_model = model.to(evaluation_device(config)) if config.evaluation.central else None
         offload = Offload()  # the round close's blocking steps: a worker thread, or the loop when short
@@ -140,7 +143,7 @@ class Coordinator:
         harness = AdversaryHarness(config)  # simulation only; does nothing unless turned on
         self.closer = RoundCloser(self.intake, self.clusters, harness, finalizer, self.persistence, self.history,
                                   state, lambda: DP_BUDGET if self.dp.stop_required else "", clock, self.log,
-                                  self.pipeline, self.timing, offload)
+                                  self.pipeline, self.timing, offload, self.secure)
 
     @property
     def global_state(self) -> Mapping[str, torch.Tensor]:
@@ -197,6 +200,7 @@ class Coordinator:
     def _on_event(self, ev: rm.Event) -> None:
         if isinstance(ev, rm.RoundStarted):
             self.intake.open_round(ev.round, ev.attempt, len(ev.selected), self.clock())
+            self.secure.open(ev.round, ev.attempt, ev.selected)
             self.timing.started(ev.round, ev.attempt, len(ev.selected))
         log_event(self.log, ev)
         if isinstance(ev, rm.RoundClosed):
@@ -239,6 +243,7 @@ class Coordinator:
             self._reap_close()
             if not self.stopping:
                 now = self.clock()
+                self.secure.tick(now)
                 if now - last_liveness >= liveness_every:  # a client parked in a long-poll is connected: alive
                     last_liveness = now
                     self.observe(rm.Tick(now, self.polls.connected()))

@@ -27,6 +27,8 @@ class Task:
     learning_rate: float
     model_id: str = GLOBAL
     recovery: bool = False
+    # The round's attempt (a restarted round is another attempt; secure aggregation binds its keys to it).
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class TaskDispatcher:
             self._cache[model_id] = cached
         _, manifest, payload = cached
         return Task(s.round, max(0.0, s.deadline - now), manifest, payload, self.learning_rate(s.round), model_id,
-                    self._recovery())
+                    self._recovery(), s.attempt)
 
     def invalidate(self) -> None:
         """Forget cached payloads (the models changed outside a round, e.g. a restore)."""

@@ -21,11 +21,14 @@ from fedcore.aggregation import AggregationConfig, Aggregator, make_aggregator
 from fedcore.config import ServerConfig, effective_aggregation
 from fedcore.log import get_logger
 from fedcore.nfl import OFF
+from fedcore.secagg.aggregate import NUM_EXTRAS, SecureFedAvg
+from fedcore.secagg.config import MASKED_TENSOR
 from fedcore.serialization import TensorMeta
 from fedcore.update_report import UpdateReport
 from fedserver.clusters import UpdateBuffer
 from fedserver.errors import ProtocolError
 from fedserver.global_models import GlobalModels
+from fedserver.secure_round import SecureRounds
 from fedserver.stage import RoundAggregation
 
 
@@ -40,6 +43,8 @@ class UpdateTicket:
     model_id: str
     # The attempt of the round the update was admitted in: a round restarted meanwhile is another attempt.
     attempt: int = 0
+    # A secure-aggregation masked input (fedserver.secure_round), not an update the server can read.
+    masked: bool = False
 
 
 @dataclass
@@ -59,7 +64,8 @@ class UpdateIntake:
                  observe: Callable[[rm.Observation], None], clock: Callable[[], float],
                  model_id_for: Callable[[str], str],
                  keep_updates: Callable[[Aggregator], UpdateBuffer] | None = None,
-                 round_aggregation: Callable[[AggregationConfig], RoundAggregation] | None = None) -> None:
+                 round_aggregation: Callable[[AggregationConfig], RoundAggregation] | None = None,
+                 secure: SecureRounds | None = None) -> None:
         self.config = config
         self.models = models
         self._state = state
@@ -70,7 +76,9 @@ class UpdateIntake:
         self._keep_updates = keep_updates
         # How a round opened now aggregates: the pipeline's aggregation stages (adaptive clipping); None: as configured.
         self._round_aggregation = round_aggregation
-        self.aggregator: Aggregator | UpdateBuffer | None = None
+        # Secure aggregation: devices upload masked inputs, summed by the protocol (None or disabled: plain updates).
+        self.secure = secure if secure is not None and secure.enabled else None
+        self.aggregator: Aggregator | UpdateBuffer | SecureFedAvg | None = None
         self.round_log: RoundLog | None = None
         self.log = get_logger("fedserver")
 
@@ -79,6 +87,9 @@ class UpdateIntake:
         started = self.round_log.started_at if self.round_log and self.round_log.round == round_ else now
         self.round_log = RoundLog(round_, started, selected, attempt)
         config, noise_multiplier = self.round_aggregation()
+        if self.secure is not None:
+            self.aggregator = SecureFedAvg(self.models.num_params, config.weighted, noise_sigma=config.noise_sigma)
+            return
         agg = make_aggregator(config, self.models.num_params, self.config.rounds.clients_per_round,
                               noise_multiplier=noise_multiplier)
         self.aggregator = agg if self._keep_updates is None else self._keep_updates(agg)
@@ -92,7 +103,7 @@ class UpdateIntake:
         setup = self._round_aggregation(config)
         return setup.config, setup.noise_multiplier
 
-    def take(self) -> tuple[Aggregator | UpdateBuffer, RoundLog]:
+    def take(self) -> tuple[Aggregator | UpdateBuffer | SecureFedAvg, RoundLog]:
         """Hand the closed round's aggregator and log to the finalisation."""
         assert self.aggregator is not None and self.round_log is not None
         agg, log = self.aggregator, self.round_log
@@ -103,7 +114,7 @@ class UpdateIntake:
         self.aggregator, self.round_log = None, None
 
     def begin(self, client_id: str, round_: int, report: UpdateReport, is_delta: bool, manifest: list[TensorMeta],
-              announced_bytes: int) -> UpdateTicket:
+              announced_bytes: int, masked: bool = False) -> UpdateTicket:
         """Admission of an update header; raises :class:`ProtocolError` (and records the rejection). ``report``'s
         numbers are bounded here (:meth:`UpdateReport.bounds_error`), after the round's admission."""
         reason = rm.admission(self._state(), client_id, round_)
@@ -113,8 +124,13 @@ class UpdateIntake:
         if announced_bytes > limit:
             self.reject(client_id, round_, "RESOURCE_EXHAUSTED",
                         f"update of {announced_bytes} bytes exceeds the limit of {limit}")
-        if manifest != self.models.manifest:
-            self.reject(client_id, round_, "INVALID_ARGUMENT", manifest_mismatch(manifest, self.models.manifest))
+        if masked != (self.secure is not None):
+            self.reject(client_id, round_, "FAILED_PRECONDITION",
+                        "this server runs secure aggregation: send the masked input (kind MASKED)" if not masked else
+                        "a masked input, but this server does not run secure aggregation")
+        want = self.masked_manifest() if masked else self.models.manifest
+        if manifest != want:
+            self.reject(client_id, round_, "INVALID_ARGUMENT", manifest_mismatch(manifest, want))
         out_of_bounds = report.bounds_error()
         if out_of_bounds is not None:
             self.reject(client_id, round_, "INVALID_ARGUMENT", out_of_bounds)
@@ -122,7 +138,11 @@ class UpdateIntake:
             self.log.debug("update.no_beta_hat", client_id=client_id, round=round_,
                            reason="update without beta_hat: aggregated, not counted for the NFL detector")
         return UpdateTicket(client_id, round_, is_delta, report, self._model_id_for(client_id),
-                            self._state().attempt)
+                            self._state().attempt, masked)
+
+    def masked_manifest(self) -> list[TensorMeta]:
+        """What a masked input must be: one int64 tensor of 2N words (N = P + the extra scalars)."""
+        return [TensorMeta(MASKED_TENSOR, "int64", (2 * (self.models.num_params + NUM_EXTRAS),))]
 
     def closed(self, ticket: UpdateTicket) -> str | None:
         """Why an update being received can no longer be taken (its round or attempt is over), or None."""
@@ -165,6 +185,9 @@ class UpdateIntake:
         reason = rm.admission(self._state(), cid, round_)
         if reason is not None:
             self._refuse_admission(cid, round_, reason, ticket)
+        if ticket.masked:
+            self._take_masked(ticket, tensors)
+            return
         # The upload is the intake's (the servicer drops it): u_i is computed in its buffer where it can be.
         flat = self.models.flatten_update(tensors, ticket.is_delta, ticket.model_id, consume=True)
         if not bool(np.isfinite(flat.numpy()).all()):  # numpy's: a fifth of torch's call cost on a small model
@@ -181,6 +204,19 @@ class UpdateIntake:
         self.log.debug("update.accepted", client_id=cid, round=round_, num_samples=ticket.report.num_samples,
                        train_loss=round(ticket.report.train_loss, 5))
         self._observe(rm.UpdateAccepted(cid, round_, self._clock()))
+
+
+    def _take_masked(self, ticket: UpdateTicket, tensors: Mapping[str, torch.Tensor]) -> None:
+        """A masked input into the protocol's running sum; counted as the device's update for the round."""
+        assert self.secure is not None and self.round_log is not None
+        words = tensors[MASKED_TENSOR].numpy().view(np.uint64)
+        try:
+            self.secure.take_masked(ticket.client_id, ticket.round, ticket.attempt, words)
+        except ProtocolError as e:
+            self.reject_ticket(ticket, e.code, e.message)
+        self.round_log.reports[ticket.client_id] = ticket.report
+        self.log.debug("update.accepted", client_id=ticket.client_id, round=ticket.round, masked=True)
+        self._observe(rm.UpdateAccepted(ticket.client_id, ticket.round, self._clock()))
 
 
 def manifest_mismatch(got: list[TensorMeta], want: list[TensorMeta]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from fedcore import rounds as rm
 from fedcore.aggregation import AggregationResult, Aggregator
 from fedcore.report import RoundReport
+from fedcore.secagg.aggregate import SecureFedAvg
 from fedserver.clusters import ClusterShell, UpdateBuffer
 from fedserver.finalize import RoundFinalizer
 from fedserver.harness import AdversaryHarness
@@ -24,6 +25,7 @@ from fedserver.offload import Offload
 from fedserver.persistence import Persistence
 from fedserver.pipeline import Pipeline
 from fedserver.round_timing import RoundTimer
+from fedserver.secure_round import SecureRounds
 
 RoundSubscriber = Callable[[RoundReport], None]
 
@@ -33,7 +35,7 @@ class RoundCloser:
                  finalizer: RoundFinalizer, persistence: Persistence, history: list[RoundReport],
                  state: Callable[[], rm.RoundState], ends_federation: Callable[[], str],
                  clock: Callable[[], float], log: Any, pipeline: Pipeline, timing: RoundTimer | None = None,
-                 offload: Offload | None = None) -> None:
+                 offload: Offload | None = None, secure: SecureRounds | None = None) -> None:
         self.intake = intake
         self.clusters = clusters
         self.harness = harness
@@ -49,6 +51,7 @@ class RoundCloser:
         # Where the close's blocking steps run (fedserver.offload): the finalizer's too, one record per step name.
         self.offload = offload if offload is not None else Offload()
         self.pipeline = pipeline
+        self.secure = secure  # secure aggregation: the round's sum is unmasked before it is aggregated
 
     def subscribe(self, fn: RoundSubscriber) -> None:
         """Call ``fn`` with every completed round's report, after the round was persisted (on the event loop), after
@@ -59,7 +62,14 @@ class RoundCloser:
         self.timing.close_began(round_)
         agg, round_log = self.intake.take()
         try:
+            secure_metrics: dict[str, float] = {}
+            if isinstance(agg, SecureFedAvg):  # the survivors reveal their shares; then the sum is known
+                assert self.secure is not None
+                total = await self.secure.unmasked(round_)
+                agg.set_sum(total, {c: float(r.num_samples) for c, r in round_log.reports.items()})
+                secure_metrics = self.secure.summary()
             result = await self._aggregate(agg, round_)
+            result.metrics.update(secure_metrics)
         except ValueError as e:  # the rule cannot work with what arrived: re-run the round
             self.log.warning("round.aggregation_failed", round=round_, reason=str(e))
             return rm.AggregationFailed(round_, str(e), self._clock())
@@ -76,11 +86,11 @@ class RoundCloser:
         self.intake.finished_round()
         return rm.Aggregated(round_, self._clock(), self._ends_federation())
 
-    async def _aggregate(self, agg: Aggregator | UpdateBuffer, round_: int) -> AggregationResult:
+    async def _aggregate(self, agg: Aggregator | UpdateBuffer | SecureFedAvg, round_: int) -> AggregationResult:
         if isinstance(agg, UpdateBuffer):  # DistFL: cluster, then aggregate per cluster
             return await self.clusters.aggregate(agg, round_)
         crafted = (await self.offload.run("harness", self.harness.apply, agg, self._state(), round_)
-                   if self.harness.enabled else {})
+                   if self.harness.enabled and not isinstance(agg, SecureFedAvg) else {})
         result = await self.finalizer.aggregate(agg, round_)
         result.metrics.update(crafted)
         return result

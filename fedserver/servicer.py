@@ -25,6 +25,7 @@ from fedcore.data import remote_options
 from fedcore.identity import shorten
 from fedcore.nfl import NflSettings
 from fedcore.report import FederationStatus
+from fedcore.secagg.crypto import ed25519_verifier
 from fedcore.serialization import Reassembler, SerializationError
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
@@ -34,6 +35,7 @@ from fedserver.coordinator import Coordinator, ProtocolError, Task
 from fedserver.dispatch import WaitInfo
 from fedserver.idle_limit import IdleLimit
 from fedserver.limits import StreamLimits, return_freed_memory
+from fedserver.secure_round import settings_of
 
 SERVICE_NAME = "fedguard.v1.Federation"
 # A refused or stalled upload at least this large hands its freed memory back to the operating system.
@@ -104,7 +106,7 @@ class FederationServicer:
         self.refused = 0
         self.framed_port = 0  # the framed Session transport's port, announced at join (fedserver.framed)
         # Per (model id, inline): a task's serialized header without its deadline, and what it was made from.
-        self._headers: dict[tuple[str, bool], tuple[object, tuple[int, bool, float], bool, bytes]] = {}
+        self._headers: dict[tuple[str, bool], tuple[object, tuple[int, bool, float, int], bool, bytes]] = {}
         # Refusals are logged rate-limited per peer address and reason: a flood of bad calls cannot flood the log.
         self.refusals = RefusalLog(self.log)
         # Only the options a client accepts from a server are announced (fedcore.trust); the server's own
@@ -122,7 +124,9 @@ class FederationServicer:
             training=cfg.training, dataset=cfg.data.dataset, data_options=announced,
             num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed,
             chunk_bytes=cfg.server.chunk_bytes, nfl=NflSettings(nfl.mode, nfl.nr or 0, nfl.c or 0),
-            recovery_method=cfg.recovery.method, recovery_options=cfg.recovery.options))
+            recovery_method=cfg.recovery.method, recovery_options=cfg.recovery.options, secure=settings_of(cfg)))
+        if self.auth.keys is not None:  # secure aggregation: advertisements signed by the enrolled keys
+            coordinator.secure.verify = ed25519_verifier(self.auth.keys)
 
     async def watch_revocations(self) -> None:
         """While serving with a CRL: look for a changed list once per ``Revocations.CHECK_EVERY_S`` even when no
@@ -193,13 +197,13 @@ class FederationServicer:
         round's model once per model id (a restore packs it again), and each pack makes a new manifest object: its
         identity says which pack a header was made from, without holding on to the pack's payload."""
         key = (res.model_id, inline_ok)
-        what = (res.round, res.recovery, res.learning_rate)
+        what = (res.round, res.recovery, res.learning_rate, res.attempt)
         made = self._headers.get(key)
         if made is not None and made[0] is res.manifest and made[1] == what:
             return made[2], made[3]
         total = len(res.payload)
         header = pb.TaskHeader(round=res.round, tensors=wire.metas_to_pb(res.manifest), total_bytes=total,
-                               recovery=res.recovery, learning_rate=res.learning_rate)
+                               recovery=res.recovery, learning_rate=res.learning_rate, attempt=res.attempt)
         inline = inline_ok and wire.fits_inline(header.ByteSize() + wire.DEADLINE_BYTES, total,
                                                 self.coord.config.server.chunk_bytes)
         if inline:
@@ -284,7 +288,7 @@ class FederationServicer:
             kind = h.kind if h.kind != pb.UPDATE_KIND_UNSPECIFIED else pb.WEIGHTS
             # Admission first (it refuses an update over max_update_bytes and records it), then the reservation.
             ticket = self.coord.uploads.begin(h.session_id, int(h.round), wire.update_report_from_pb(h),
-                                              kind == pb.DELTA, manifest, int(h.total_bytes))
+                                              kind == pb.DELTA, manifest, int(h.total_bytes), kind == pb.MASKED)
             with self.limits.upload(h.session_id, int(h.total_bytes)):
                 digest = hashlib.sha256() if h.payload_sha256 else None
                 try:
@@ -386,6 +390,11 @@ class FederationServicer:
                             item = msg = None  # the update's bytes are not held while the stream waits
                         elif kind == "pull":
                             pull, raw = msg.pull, item.raw
+                        elif kind == "secagg":
+                            secagg = await self._secagg(msg.secagg, item.raw, "Session", context)
+                            item = msg = None
+                            yield pb.SessionReply(secagg=secagg).SerializeToString()
+                            continue
                         else:
                             raise ProtocolError("INVALID_ARGUMENT", "a Session exchange starts with a pull or an "
                                                                     f"update header, not {kind or 'an empty message'}")
@@ -419,6 +428,24 @@ class FederationServicer:
                     return
         finally:
             limit.close()
+
+    async def _secagg(self, request: pb.SecAggRequest, raw: bytes, method: str,
+                      context: grpc.aio.ServicerContext) -> pb.SecAggReply:
+        """A secure-aggregation exchange (:meth:`fedserver.secure_round.SecureRounds.exchange`) after its checks;
+        raises :class:`ProtocolError`."""
+        bounds.check_secagg(request)
+        cid = self._session_of(self.auth.identify(method_path(method), context, raw), request.session_id)
+        self.coord.members.touch(request.session_id)
+        if self.coord.stopping:
+            raise ProtocolError("UNAVAILABLE", "the server is stopping")
+        return await self.coord.secure.exchange(cid, request)
+
+    async def SecureAggregate(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.SecAggReply:
+        try:
+            return await self._secagg(_message(item), item.raw, "SecureAggregate", context)
+        except ProtocolError as e:
+            await self._refuse(context, "SecureAggregate", e)
+        raise AssertionError("unreachable")  # _refuse aborts the call
 
     async def Heartbeat(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:
         try:
@@ -462,7 +489,7 @@ class FederationServicer:
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         ser = {name: getattr(pb, name).SerializeToString for name in (
-            "JoinReply", "PushReply", "HeartbeatReply", "LeaveReply", "StatusReply")}
+            "JoinReply", "PushReply", "HeartbeatReply", "LeaveReply", "StatusReply", "SecAggReply")}
         ser["TaskMessage"] = _serialize_task  # and the Session stream's replies
         return {
             "Join": grpc.unary_unary_rpc_method_handler(self.Join, _decoder(pb.JoinRequest), ser["JoinReply"]),
@@ -477,6 +504,8 @@ class FederationServicer:
                                                              ser["StatusReply"]),
             "Session": grpc.stream_stream_rpc_method_handler(self.Session, _decoder(pb.SessionRequest),
                                                              ser["TaskMessage"]),
+            "SecureAggregate": grpc.unary_unary_rpc_method_handler(
+                self.SecureAggregate, _decoder(pb.SecAggRequest), ser["SecAggReply"]),
         }
 
 

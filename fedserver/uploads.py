@@ -30,14 +30,14 @@ class UploadGate:
         self.timing = timing if timing is not None else RoundTimer()  # the upload phase of the round's timing
 
     def begin(self, session: str, round_: int, report: UpdateReport, is_delta: bool, manifest: list[TensorMeta],
-              announced_bytes: int) -> UpdateTicket:
-        """Admission of an update header (the upload's first message); raises :class:`ProtocolError` (and records
-        the rejection)."""
+              announced_bytes: int, masked: bool = False) -> UpdateTicket:
+        """Admission of an update header (the upload's first message; ``masked``: a secure-aggregation input);
+        raises :class:`ProtocolError` (and records the rejection)."""
         began = self.timing.now()
         cid = self.members.touch(session)
         if self._stopping():
             raise ProtocolError("UNAVAILABLE", STOPPING)
-        ticket = self.intake.begin(cid, round_, report, is_delta, manifest, announced_bytes)
+        ticket = self.intake.begin(cid, round_, report, is_delta, manifest, announced_bytes, masked)
         self.timing.upload_began(cid, round_, began)
         return ticket
 

@@ -32,6 +32,10 @@ class TooFewUpdatesError(ValueError):
     """
 
 
+# aggregation.secure's values.
+SECURE_PROTOCOLS = ("off", "secagg+")
+
+
 @dataclass(frozen=True)
 class AggregationConfig:
     """Everything the server's aggregation pipeline (validate -> clip -> rule -> noise) needs.
@@ -65,6 +69,10 @@ class AggregationConfig:
     sketch_seed: int = 0
     # make_aggregator refuses a rule/K/P combination whose working memory exceeds this; 0 = no check.
     memory_budget_bytes: int = 0
+    # Secure aggregation: "off", or "secagg+" (SecAgg+, the server learns only the sum of the survivors' updates;
+    # its parameters are the [secagg] section; docs/security.md). Needs rule = "fedavg"; clipping (clip_norm) and
+    # the max_update_norm ceiling then run on the devices, before masking.
+    secure: str = "off"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", RULES.coerce_options(self.rule, self.options, "options"))
@@ -90,6 +98,15 @@ class AggregationConfig:
             raise ValueError(f"rule: unknown aggregation rule {self.rule!r}; known: {', '.join(rule_names())}")
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k: the number of updates per round must be an integer >= 1, got {k!r}")
+        if self.secure not in SECURE_PROTOCOLS:
+            raise ValueError(f"secure: one of {', '.join(repr(p) for p in SECURE_PROTOCOLS)}, got {self.secure!r}")
+        if self.secure != "off" and self.rule != "fedavg":
+            raise ValueError(f"secure: secure aggregation gives the server only the sum of the updates; rule "
+                             f"{self.rule!r} needs each update (robust rules are impossible under secure "
+                             "aggregation): use rule = \"fedavg\", or secure = \"off\"")
+        if self.secure != "off" and self.exact_metrics:
+            raise ValueError("secure: exact_metrics keeps every update, which secure aggregation never shows the "
+                             "server (w_div is exact anyway: from the sum of the squared norms)")
         if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
             raise ValueError(f"clip_norm: must be a finite number > 0 (or None for no clipping), got {self.clip_norm}")
         if not (math.isfinite(self.noise_sigma) and self.noise_sigma >= 0):

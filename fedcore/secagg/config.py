@@ -13,6 +13,16 @@ from dataclasses import dataclass
 from fedcore.errors import require
 
 MIN_CLIENTS = 3  # with two clients, either one learns the other's update from the sum
+# The protocol's round number of a round's attempt: the round in the high bits, the attempt in the low 16.
+ATTEMPT_BITS = 16
+
+
+def protocol_round(round_: int, attempt: int) -> int:
+    """The protocol round of ``attempt`` of federation round ``round_``: every key, share and mask is bound to it,
+    so nothing of one attempt serves in another."""
+    if not 0 <= attempt < (1 << ATTEMPT_BITS):
+        raise ValueError(f"attempt must be in [0, {1 << ATTEMPT_BITS}), got {attempt}")
+    return (round_ << ATTEMPT_BITS) | attempt
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,10 @@ class SecureAggregationConfig:
     min_clients: int = MIN_CLIENTS
     # A client refuses to mask an update whose L2 norm exceeds this (clip first); 0 = no bound.
     norm_bound: float = 0.0
+    # Each exchange phase (key advertisement, key sharing, unmasking) closes this long after it opened: whoever
+    # has not answered then counts as dropped. The masked-input phase is the round's training, bounded by
+    # rounds.round_timeout_s.
+    phase_timeout_s: float = 30.0
 
     def validate(self) -> SecureAggregationConfig:
         """Refuse unusable parameters (:class:`fedcore.errors.ConfigError` naming the field); returns ``self``."""
@@ -63,4 +77,37 @@ class SecureAggregationConfig:
                 f"must be an integer >= {MIN_CLIENTS}, got {self.min_clients!r}")
         require(math.isfinite(self.norm_bound) and self.norm_bound >= 0.0, "norm_bound",
                 f"must be a finite number >= 0 (0 = no bound), got {self.norm_bound}")
+        require(math.isfinite(self.phase_timeout_s) and self.phase_timeout_s > 0, "phase_timeout_s",
+                f"must be a finite number of seconds > 0, got {self.phase_timeout_s}")
+        return self
+
+
+# The one tensor of a masked input on the wire: 2N uint64 words sent as int64 (N = P + len(EXTRAS)).
+MASKED_TENSOR = "secagg.masked"
+
+# The extra scalars each device appends to its masked input (fedcore.secagg.aggregate): their sums give the weight
+# total, the weighted sum of squared norms (w_div), the count of clipped updates and the sum of the raw norms.
+EXTRAS = ("weight", "weighted_sq_norm", "clipped", "norm")
+
+
+@dataclass(frozen=True)
+class SecureSettings:
+    """What a device learns of the server's secure aggregation when it joins (``SecureAggregationSettings`` on the
+    wire): the protocol's parameters, and what the device does before masking that the server cannot do on an update
+    it never sees -- clip to ``clip_norm`` (None: no clip), refuse an update over ``max_update_norm``, weight by the
+    sample count when ``weighted``."""
+
+    config: SecureAggregationConfig
+    protocol: str = "secagg+"
+    clip_norm: float | None = None
+    weighted: bool = True
+    max_update_norm: float = math.inf
+
+    def validate(self) -> SecureSettings:
+        """The announcement's values (a server's numbers are checked like a config: :class:`ConfigError`)."""
+        self.config.validate()
+        require(self.protocol == "secagg+", "protocol", f"unknown secure-aggregation protocol {self.protocol!r}")
+        require(self.clip_norm is None or (math.isfinite(self.clip_norm) and self.clip_norm > 0), "clip_norm",
+                f"must be > 0 or unset, got {self.clip_norm}")
+        require(self.max_update_norm > 0, "max_update_norm", f"must be > 0, got {self.max_update_norm}")
         return self

@@ -26,6 +26,7 @@ class UpdateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UPDATE_KIND_UNSPECIFIED: _ClassVar[UpdateKind]
     WEIGHTS: _ClassVar[UpdateKind]
     DELTA: _ClassVar[UpdateKind]
+    MASKED: _ClassVar[UpdateKind]
 
 class FederationPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -77,6 +78,7 @@ BOOL: DType
 UPDATE_KIND_UNSPECIFIED: UpdateKind
 WEIGHTS: UpdateKind
 DELTA: UpdateKind
+MASKED: UpdateKind
 FEDERATION_PHASE_UNSPECIFIED: FederationPhase
 FEDERATION_PHASE_SAMPLING: FederationPhase
 FEDERATION_PHASE_TRAINING: FederationPhase
@@ -165,7 +167,7 @@ class TrainingConfig(_message.Message):
     def __init__(self, local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., lr_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ..., prox_mu: _Optional[float] = ...) -> None: ...
 
 class FederationConfig(_message.Message):
-    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode", "chunk_bytes", "nfl_nr", "nfl_c", "recovery_method", "recovery_options_json", "nfl")
+    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode", "chunk_bytes", "nfl_nr", "nfl_c", "recovery_method", "recovery_options_json", "nfl", "secure")
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +185,7 @@ class FederationConfig(_message.Message):
     RECOVERY_METHOD_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     NFL_FIELD_NUMBER: _ClassVar[int]
+    SECURE_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     model_name: str
     model_kwargs_json: str
@@ -200,7 +203,38 @@ class FederationConfig(_message.Message):
     recovery_method: str
     recovery_options_json: str
     nfl: NflSettings
-    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., nfl_nr: _Optional[int] = ..., nfl_c: _Optional[int] = ..., recovery_method: _Optional[str] = ..., recovery_options_json: _Optional[str] = ..., nfl: _Optional[_Union[NflSettings, _Mapping]] = ...) -> None: ...
+    secure: SecureAggregationSettings
+    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., nfl_nr: _Optional[int] = ..., nfl_c: _Optional[int] = ..., recovery_method: _Optional[str] = ..., recovery_options_json: _Optional[str] = ..., nfl: _Optional[_Union[NflSettings, _Mapping]] = ..., secure: _Optional[_Union[SecureAggregationSettings, _Mapping]] = ...) -> None: ...
+
+class SecureAggregationSettings(_message.Message):
+    __slots__ = ("protocol", "neighbours", "threshold", "max_dropout", "corrupt_fraction", "security_bits", "correctness_bits", "min_clients", "norm_bound", "phase_timeout_s", "clip_norm", "weighted", "max_update_norm")
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    MAX_DROPOUT_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    SECURITY_BITS_FIELD_NUMBER: _ClassVar[int]
+    CORRECTNESS_BITS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    NORM_BOUND_FIELD_NUMBER: _ClassVar[int]
+    PHASE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTED_FIELD_NUMBER: _ClassVar[int]
+    MAX_UPDATE_NORM_FIELD_NUMBER: _ClassVar[int]
+    protocol: str
+    neighbours: int
+    threshold: float
+    max_dropout: float
+    corrupt_fraction: float
+    security_bits: int
+    correctness_bits: int
+    min_clients: int
+    norm_bound: float
+    phase_timeout_s: float
+    clip_norm: float
+    weighted: bool
+    max_update_norm: float
+    def __init__(self, protocol: _Optional[str] = ..., neighbours: _Optional[int] = ..., threshold: _Optional[float] = ..., max_dropout: _Optional[float] = ..., corrupt_fraction: _Optional[float] = ..., security_bits: _Optional[int] = ..., correctness_bits: _Optional[int] = ..., min_clients: _Optional[int] = ..., norm_bound: _Optional[float] = ..., phase_timeout_s: _Optional[float] = ..., clip_norm: _Optional[float] = ..., weighted: _Optional[bool] = ..., max_update_norm: _Optional[float] = ...) -> None: ...
 
 class NflSettings(_message.Message):
     __slots__ = ("mode", "nr", "c")
@@ -253,7 +287,7 @@ class Wait(_message.Message):
     def __init__(self, retry_after_s: _Optional[float] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("round", "deadline_s", "tensors", "total_bytes", "recovery", "learning_rate", "data")
+    __slots__ = ("round", "deadline_s", "tensors", "total_bytes", "recovery", "learning_rate", "data", "attempt")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +295,7 @@ class TaskHeader(_message.Message):
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     round: int
     deadline_s: float
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
@@ -268,7 +303,8 @@ class TaskHeader(_message.Message):
     recovery: bool
     learning_rate: float
     data: bytes
-    def __init__(self, round: _Optional[int] = ..., deadline_s: _Optional[float] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., recovery: _Optional[bool] = ..., learning_rate: _Optional[float] = ..., data: _Optional[bytes] = ...) -> None: ...
+    attempt: int
+    def __init__(self, round: _Optional[int] = ..., deadline_s: _Optional[float] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., recovery: _Optional[bool] = ..., learning_rate: _Optional[float] = ..., data: _Optional[bytes] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class TaskMessage(_message.Message):
     __slots__ = ("wait", "header", "chunk")
@@ -365,30 +401,156 @@ class PushReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("header", "chunk", "pull", "then_pull", "pushed_with_answer")
+    __slots__ = ("header", "chunk", "pull", "secagg", "then_pull", "pushed_with_answer")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
+    SECAGG_FIELD_NUMBER: _ClassVar[int]
     THEN_PULL_FIELD_NUMBER: _ClassVar[int]
     PUSHED_WITH_ANSWER_FIELD_NUMBER: _ClassVar[int]
     header: UpdateHeader
     chunk: Chunk
     pull: PullTaskRequest
+    secagg: SecAggRequest
     then_pull: PullTaskRequest
     pushed_with_answer: bool
-    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., pull: _Optional[_Union[PullTaskRequest, _Mapping]] = ..., then_pull: _Optional[_Union[PullTaskRequest, _Mapping]] = ..., pushed_with_answer: _Optional[bool] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., pull: _Optional[_Union[PullTaskRequest, _Mapping]] = ..., secagg: _Optional[_Union[SecAggRequest, _Mapping]] = ..., then_pull: _Optional[_Union[PullTaskRequest, _Mapping]] = ..., pushed_with_answer: _Optional[bool] = ...) -> None: ...
 
 class SessionReply(_message.Message):
-    __slots__ = ("wait", "header", "chunk", "pushed")
+    __slots__ = ("wait", "header", "chunk", "pushed", "secagg")
     WAIT_FIELD_NUMBER: _ClassVar[int]
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     PUSHED_FIELD_NUMBER: _ClassVar[int]
+    SECAGG_FIELD_NUMBER: _ClassVar[int]
     wait: Wait
     header: TaskHeader
     chunk: Chunk
     pushed: PushReply
-    def __init__(self, wait: _Optional[_Union[Wait, _Mapping]] = ..., header: _Optional[_Union[TaskHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., pushed: _Optional[_Union[PushReply, _Mapping]] = ...) -> None: ...
+    secagg: SecAggReply
+    def __init__(self, wait: _Optional[_Union[Wait, _Mapping]] = ..., header: _Optional[_Union[TaskHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., pushed: _Optional[_Union[PushReply, _Mapping]] = ..., secagg: _Optional[_Union[SecAggReply, _Mapping]] = ...) -> None: ...
+
+class SecAggAdvertisement(_message.Message):
+    __slots__ = ("client_id", "c_pk", "s_pk", "signature")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    C_PK_FIELD_NUMBER: _ClassVar[int]
+    S_PK_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    c_pk: bytes
+    s_pk: bytes
+    signature: bytes
+    def __init__(self, client_id: _Optional[str] = ..., c_pk: _Optional[bytes] = ..., s_pk: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class SealedShare(_message.Message):
+    __slots__ = ("sender", "recipient", "ciphertext")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    RECIPIENT_FIELD_NUMBER: _ClassVar[int]
+    CIPHERTEXT_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    recipient: str
+    ciphertext: bytes
+    def __init__(self, sender: _Optional[str] = ..., recipient: _Optional[str] = ..., ciphertext: _Optional[bytes] = ...) -> None: ...
+
+class SecAggShares(_message.Message):
+    __slots__ = ("shares", "commitment")
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    COMMITMENT_FIELD_NUMBER: _ClassVar[int]
+    shares: _containers.RepeatedCompositeFieldContainer[SealedShare]
+    commitment: bytes
+    def __init__(self, shares: _Optional[_Iterable[_Union[SealedShare, _Mapping]]] = ..., commitment: _Optional[bytes] = ...) -> None: ...
+
+class RevealedShare(_message.Message):
+    __slots__ = ("owner", "share")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    share: bytes
+    def __init__(self, owner: _Optional[str] = ..., share: _Optional[bytes] = ...) -> None: ...
+
+class SecAggUnmask(_message.Message):
+    __slots__ = ("self_mask_shares", "key_shares")
+    SELF_MASK_SHARES_FIELD_NUMBER: _ClassVar[int]
+    KEY_SHARES_FIELD_NUMBER: _ClassVar[int]
+    self_mask_shares: _containers.RepeatedCompositeFieldContainer[RevealedShare]
+    key_shares: _containers.RepeatedCompositeFieldContainer[RevealedShare]
+    def __init__(self, self_mask_shares: _Optional[_Iterable[_Union[RevealedShare, _Mapping]]] = ..., key_shares: _Optional[_Iterable[_Union[RevealedShare, _Mapping]]] = ...) -> None: ...
+
+class SecAggRequest(_message.Message):
+    __slots__ = ("session_id", "round", "attempt", "max_wait_s", "advertisement", "shares", "unmask", "poll")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISEMENT_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    UNMASK_FIELD_NUMBER: _ClassVar[int]
+    POLL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    round: int
+    attempt: int
+    max_wait_s: float
+    advertisement: SecAggAdvertisement
+    shares: SecAggShares
+    unmask: SecAggUnmask
+    poll: bool
+    def __init__(self, session_id: _Optional[str] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., max_wait_s: _Optional[float] = ..., advertisement: _Optional[_Union[SecAggAdvertisement, _Mapping]] = ..., shares: _Optional[_Union[SecAggShares, _Mapping]] = ..., unmask: _Optional[_Union[SecAggUnmask, _Mapping]] = ..., poll: _Optional[bool] = ...) -> None: ...
+
+class SecAggKeyRequest(_message.Message):
+    __slots__ = ("participants", "neighbours", "threshold", "min_survivors", "graph_seed", "num_params", "num_extras", "advertisements")
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    MIN_SURVIVORS_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_SEED_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXTRAS_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISEMENTS_FIELD_NUMBER: _ClassVar[int]
+    participants: _containers.RepeatedScalarFieldContainer[str]
+    neighbours: int
+    threshold: int
+    min_survivors: int
+    graph_seed: int
+    num_params: int
+    num_extras: int
+    advertisements: _containers.RepeatedCompositeFieldContainer[SecAggAdvertisement]
+    def __init__(self, participants: _Optional[_Iterable[str]] = ..., neighbours: _Optional[int] = ..., threshold: _Optional[int] = ..., min_survivors: _Optional[int] = ..., graph_seed: _Optional[int] = ..., num_params: _Optional[int] = ..., num_extras: _Optional[int] = ..., advertisements: _Optional[_Iterable[_Union[SecAggAdvertisement, _Mapping]]] = ...) -> None: ...
+
+class SecAggMaskRequest(_message.Message):
+    __slots__ = ("shares",)
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    shares: _containers.RepeatedCompositeFieldContainer[SealedShare]
+    def __init__(self, shares: _Optional[_Iterable[_Union[SealedShare, _Mapping]]] = ...) -> None: ...
+
+class SecAggUnmaskRequest(_message.Message):
+    __slots__ = ("survivors", "reveal_self_mask", "reveal_key")
+    SURVIVORS_FIELD_NUMBER: _ClassVar[int]
+    REVEAL_SELF_MASK_FIELD_NUMBER: _ClassVar[int]
+    REVEAL_KEY_FIELD_NUMBER: _ClassVar[int]
+    survivors: _containers.RepeatedScalarFieldContainer[str]
+    reveal_self_mask: _containers.RepeatedScalarFieldContainer[str]
+    reveal_key: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, survivors: _Optional[_Iterable[str]] = ..., reveal_self_mask: _Optional[_Iterable[str]] = ..., reveal_key: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SecAggReply(_message.Message):
+    __slots__ = ("round", "attempt", "wait", "key_request", "mask_request", "unmask_request", "done", "abandoned")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    KEY_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MASK_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    UNMASK_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    attempt: int
+    wait: Wait
+    key_request: SecAggKeyRequest
+    mask_request: SecAggMaskRequest
+    unmask_request: SecAggUnmaskRequest
+    done: bool
+    abandoned: str
+    def __init__(self, round: _Optional[int] = ..., attempt: _Optional[int] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., key_request: _Optional[_Union[SecAggKeyRequest, _Mapping]] = ..., mask_request: _Optional[_Union[SecAggMaskRequest, _Mapping]] = ..., unmask_request: _Optional[_Union[SecAggUnmaskRequest, _Mapping]] = ..., done: _Optional[bool] = ..., abandoned: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -69,6 +69,11 @@ class FederationStub:
                 request_serializer=fedguard_dot_v1_dot_fedguard__pb2.SessionRequest.SerializeToString,
                 response_deserializer=fedguard_dot_v1_dot_fedguard__pb2.SessionReply.FromString,
                 _registered_method=True)
+        self.SecureAggregate = channel.unary_unary(
+                '/fedguard.v1.Federation/SecureAggregate',
+                request_serializer=fedguard_dot_v1_dot_fedguard__pb2.SecAggRequest.SerializeToString,
+                response_deserializer=fedguard_dot_v1_dot_fedguard__pb2.SecAggReply.FromString,
+                _registered_method=True)
 
 
 class FederationServicer:
@@ -125,6 +130,14 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SecureAggregate(self, request, context):
+        """A secure-aggregation exchange (SecAgg+, docs/security.md) as a unary call, for a client without the Session
+        stream (signed requests): the client's phase message in, the server's next request for it (or a wait) out.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +175,11 @@ def add_FederationServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=fedguard_dot_v1_dot_fedguard__pb2.SessionRequest.FromString,
                     response_serializer=fedguard_dot_v1_dot_fedguard__pb2.SessionReply.SerializeToString,
+            ),
+            'SecureAggregate': grpc.unary_unary_rpc_method_handler(
+                    servicer.SecureAggregate,
+                    request_deserializer=fedguard_dot_v1_dot_fedguard__pb2.SecAggRequest.FromString,
+                    response_serializer=fedguard_dot_v1_dot_fedguard__pb2.SecAggReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -353,6 +371,33 @@ class Federation:
             '/fedguard.v1.Federation/Session',
             fedguard_dot_v1_dot_fedguard__pb2.SessionRequest.SerializeToString,
             fedguard_dot_v1_dot_fedguard__pb2.SessionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SecureAggregate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedguard.v1.Federation/SecureAggregate',
+            fedguard_dot_v1_dot_fedguard__pb2.SecAggRequest.SerializeToString,
+            fedguard_dot_v1_dot_fedguard__pb2.SecAggReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -175,6 +175,22 @@ def test_failed_aggregation_reruns_the_round() -> None:
     assert s.round == 1 and s.phase == rm.TRAINING
 
 
+def test_a_failed_attempt_is_re_run_at_once_not_held_to_its_deadline() -> None:
+    cfg = RoundsConfig(num_rounds=2, clients_per_round=2, round_timeout_s=60.0)
+    s = _machine(2, cfg)
+    assert s.phase == rm.TRAINING and s.attempt == 0
+    # another attempt's failure, or one reported while aggregating, changes nothing
+    assert rm.step_in_place(s, rm.AttemptFailed(1, 5, "old", 1.0), cfg, LIMITS)[1] == []
+    s, ev = rm.step_in_place(s, rm.AttemptFailed(1, 0, "secure aggregation: too_many_dropouts", 2.0), cfg, LIMITS)
+    assert ev[0] == rm.RoundAbandoned(1, 0, 0, 1, "secure aggregation: too_many_dropouts")
+    assert isinstance(ev[1], rm.RoundStarted) and (ev[1].round, ev[1].attempt) == (1, 1)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted("c0", 1, 3.0), cfg, LIMITS)
+    s, _ = rm.step_in_place(s, rm.UpdateAccepted("c1", 1, 3.0), cfg, LIMITS)
+    assert s.phase == rm.AGGREGATING
+    assert rm.step_in_place(s, rm.AttemptFailed(1, 1, "late", 4.0), cfg, LIMITS)[1] == []
+    assert s.phase == rm.AGGREGATING
+
+
 def test_connected_clients_are_not_dropped_and_contact_revives() -> None:
     cfg = RoundsConfig(num_rounds=1, clients_per_round=3)
     s = _machine(2, cfg)
