@@ -346,7 +346,8 @@ class RoundRunner:
         secure: SecureRound | None = None
         if self._secure is not None:  # keys and shares before training: a dropped device does not train
             try:
-                secure = self._secure.prepare(round_, int(header.attempt))
+                with self.conn.keep_alive():  # heartbeats while the other devices advertise and share
+                    secure = self._secure.prepare(round_, int(header.attempt))
             except (SecureRoundAbandoned, grpc.RpcError) as e:
                 self._secure_skipped(round_, e)
                 return
@@ -375,7 +376,8 @@ class RoundRunner:
         self._send(update)
         if secure is not None and self._secure is not None and self._accepted_last:
             try:
-                self._secure.unmask(secure)
+                with self.conn.keep_alive():  # ... and while the round's others upload theirs
+                    self._secure.unmask(secure)
             except (SecureRoundAbandoned, grpc.RpcError) as e:
                 self._secure_skipped(round_, e)
 

@@ -438,7 +438,9 @@ class FederationServicer:
         self.coord.members.touch(request.session_id)
         if self.coord.stopping:
             raise ProtocolError("UNAVAILABLE", "the server is stopping")
-        return await self.coord.secure.exchange(cid, request)
+        reply = await self.coord.secure.exchange(cid, request)
+        self.coord.members.touch(request.session_id)  # a device waiting in an exchange is alive, as in a long-poll
+        return reply
 
     async def SecureAggregate(self, item: Incoming, context: grpc.aio.ServicerContext) -> pb.SecAggReply:
         try:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hmac
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -527,6 +528,20 @@ class ServerState:
     def vector_length(self) -> int:
         return 2 * (self.num_params + self.num_extras)
 
+    @functools.cached_property
+    def masked_set(self) -> frozenset[str]:
+        """``masked`` as a set (worked out once per state: membership tests stay O(1) as inputs arrive)."""
+        return frozenset(self.masked)
+
+    @functools.cached_property
+    def shares_by_recipient(self) -> Mapping[str, tuple[EncryptedShare, ...]]:
+        """The sealed shares by recipient (worked out once per state: every mask request reads it)."""
+        out: dict[str, list[EncryptedShare]] = {}
+        for v in sorted(self.shares):
+            for es in self.shares[v]:
+                out.setdefault(es.recipient, []).append(es)
+        return {r: tuple(x) for r, x in out.items()}
+
     def neighbours(self) -> Mapping[str, tuple[str, ...]]:
         """The round's neighbour graph (after advertisement)."""
         if self.graph is None:
@@ -628,7 +643,7 @@ def _answered(s: ServerState, client_id: str) -> bool:
     if s.phase == SHARE:
         return client_id in s.shares
     if s.phase == MASKED:
-        return client_id in s.masked
+        return client_id in s.masked_set
     return client_id in s.revealed
 
 
@@ -695,7 +710,7 @@ def _refusal(s: ServerState, obs: Advertisement | ShareUpload | MaskedUpload | U
 
 def _reveal_lists(s: ServerState, client_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     held = [v for v in s.neighbours()[client_id] if v in s.shares]
-    survivors = set(s.masked)
+    survivors = s.masked_set
     return tuple(v for v in held if v in survivors), tuple(v for v in held if v not in survivors)
 
 
@@ -712,8 +727,9 @@ def key_request(state: ServerState, client_id: str) -> KeyRequest:
 
 def mask_request(state: ServerState, client_id: str) -> MaskRequest:
     """The MASKED-phase request: the sealed shares addressed to ``client_id`` by its neighbours that shared."""
-    out = [es for v in state.neighbours()[client_id] if v in state.shares
-           for es in state.shares[v] if es.recipient == client_id]
+    # In the neighbours' order; only a neighbour's share reaches here (the server refuses any other recipient).
+    mine = {es.sender: es for es in state.shares_by_recipient.get(client_id, ())}
+    out = [mine[v] for v in state.neighbours()[client_id] if v in mine]
     return MaskRequest(state.federation_id, state.round, client_id, tuple(out))
 
 

@@ -232,3 +232,16 @@ def test_protocol_messages_are_bound_to_the_round_and_the_session(tmp_path: Path
     finally:
         ch.close()
         srv.stop()
+
+
+def test_a_stopped_secure_federation_resumes_to_the_uninterrupted_model(tmp_path: Path) -> None:
+    from tests.integration.helpers import stop_then_resume
+
+    status, errors = _run(_config(tmp_path / "straight", True, rounds=4))
+    assert status.outcome == "completed" and errors == [None] * K
+    # Stopped once two rounds completed (the third in flight: its secure round is dropped and re-run).
+    resumed = stop_then_resume(_config(tmp_path / "resumed", True, rounds=4), K)
+    assert resumed is not None and resumed.outcome == "completed"
+    assert [h.round for h in resumed.history] == [1, 2, 3, 4]
+    a, b = _final(tmp_path / "straight"), _final(tmp_path / "resumed")
+    assert all(a[k].numpy().tobytes() == b[k].numpy().tobytes() for k in a)
