@@ -427,6 +427,11 @@ def _validate_secure(c: ServerConfig) -> None:
     require(not c.simulation_harness.full_knowledge_adversary, field_path,
             "the full-knowledge test harness crafts updates from the honest ones, which secure aggregation hides")
     k = c.rounds.num_selected
+    left_out, may_drop = k - c.rounds.clients_per_round, math.floor(c.secagg.max_dropout * k)
+    require(left_out <= may_drop, "rounds.over_select",
+            f"with secure aggregation the {left_out} devices a round selects beyond clients_per_round and leaves out "
+            f"count as dropped, and at most secagg.max_dropout of the {k} selected ({may_drop}) may drop: lower "
+            "over_select or raise secagg.max_dropout")
     require(k >= c.secagg.min_clients, field_path,
             f"a secure round needs at least secagg.min_clients = {c.secagg.min_clients} selected clients "
             f"(with two, either learns the other's update from the sum); rounds select {k}")

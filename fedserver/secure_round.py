@@ -185,7 +185,7 @@ class SecureRounds:
     def _apply(self, obs: sp.Observation, refuse: bool = False) -> None:
         assert self.state is not None
         before, dropped = self.state.phase, set(self.state.dropped)
-        self.state, events = sp.step(self.state, obs, self.verify)
+        self.state, events = sp.step(self.state, obs, self.verify, in_place=True)  # the old state is dropped
         for c in sorted(set(self.state.dropped) - dropped):
             if self.state.dropped[c] == sp.UNMASK:
                 continue  # its masked input is in the sum: only its reveals are missing

