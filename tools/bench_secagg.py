@@ -76,8 +76,10 @@ models are bit-identical.
     python tools/bench_secagg.py --federation --fed-runs mlp:noop:10:2            # one small pair (~20 s)
     python tools/bench_secagg.py --federation --fed-runs cifar_cnn:default:100:2  # the goal configuration alone
 
-Run dirs go to ``--fed-dir`` (default /tmp/secagg_fed_runs, each replaced when its run starts; the CIFAR-10 cache
-beside it), each launcher's output beside its run dir (``RUN.launch.txt``). Measure on an otherwise idle machine.
+Run dirs go to ``--fed-dir`` (default /tmp/secagg_fed_runs, each replaced when its run starts -- only in a directory
+the tool made, marked with ``.bench_secagg_runs``; another existing non-empty one stops the run with exit 2; the
+CIFAR-10 cache beside it), each launcher's output beside its run dir (``RUN.launch.txt``). Measure on an otherwise
+idle machine.
 """
 
 from __future__ import annotations
@@ -757,6 +759,23 @@ def secure_phases(events: Sequence[dict[str, Any]], rounds: Sequence[int]) -> di
     return {p: float(np.median(v)) for p, v in per.items() if v}
 
 
+# Written into --fed-dir when this tool creates it: only a directory that carries it has run dirs the tool may replace.
+FED_DIR_MARK = ".bench_secagg_runs"
+
+
+def claim_fed_dir(fed_dir: Path) -> None:
+    """Make ``fed_dir`` this tool's (created with its mark), or check that it already is; anything else -- an existing
+    directory without the mark, a file -- stops the run with exit 2 before anything in it is touched."""
+    mark = fed_dir / FED_DIR_MARK
+    if fed_dir.is_dir() and mark.is_file():
+        return
+    if fed_dir.exists() and (not fed_dir.is_dir() or any(fed_dir.iterdir())):
+        raise SystemExit(f"--fed-dir {fed_dir}: exists and was not made by this tool (no {FED_DIR_MARK} in it); "
+                         "its run dirs would be replaced: name a new or empty directory, or remove it yourself")
+    fed_dir.mkdir(parents=True, exist_ok=True)
+    mark.write_text("run dirs of tools/bench_secagg.py --federation: replaced run by run\n")
+
+
 def run_federation(spec: FedSpec, secure: bool, run_dir: Path, seed: int, cache_dir: Path,
                    timeout_s: float) -> FedRun:
     """Launch one federation, follow its ``rounds.jsonl`` (the client hosts' CPU is read from /proc as the warm-up
@@ -766,7 +785,9 @@ def run_federation(spec: FedSpec, secure: bool, run_dir: Path, seed: int, cache_
     import signal
     import subprocess
 
-    if run_dir.exists():
+    if run_dir.exists():  # a run dir of this tool's (claim_fed_dir checked its parent's mark)
+        if not (run_dir.parent / FED_DIR_MARK).is_file():
+            raise SystemExit(f"{run_dir}: not in a directory made by tools/bench_secagg.py; not replaced")
         shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     total = spec.rounds + WARMUP
@@ -943,6 +964,7 @@ class Tee:
 def federation_main(specs: Sequence[FedSpec], fed_dir: Path, seed: int, budget_s: float, timeout_s: float,
                     out: Path | None) -> int:
     """Each configuration twice back to back, plain then SecAgg+, and the tables."""
+    claim_fed_dir(fed_dir)
     say = Tee(out)
     began = time.perf_counter()
     cache_dir = fed_dir.with_name(fed_dir.name + "_cache")

@@ -131,3 +131,17 @@ def test_the_federation_table_says_what_was_not_measured() -> None:
     failed = bs.FedPair(spec, 4554, plain, bs.FedRun(error="timed out after 9 s"))
     line = next(_cells(x) for x in bs.federation_table([failed]).splitlines() if x.startswith("| mlp |"))
     assert line[6].startswith("failed") and line[7] == "-" and line[9] == "-"
+
+
+def test_the_federation_mode_replaces_run_dirs_only_in_a_directory_it_made(tmp_path: Path) -> None:
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "results.csv").write_text("do not lose me\n")
+    with pytest.raises(SystemExit) as err:
+        bs.claim_fed_dir(foreign)
+    assert "was not made by this tool" in str(err.value)
+    assert (foreign / "results.csv").read_text() == "do not lose me\n"
+    fresh = tmp_path / "runs"
+    bs.claim_fed_dir(fresh)
+    assert (fresh / bs.FED_DIR_MARK).is_file()
+    bs.claim_fed_dir(fresh)  # its own: accepted again
