@@ -37,7 +37,7 @@ from fedcore.client_state import ClientRoundReport
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.models import load_weights, model_fingerprint, model_manifest
 from fedcore.secagg.config import MASKED_TENSOR
-from fedcore.serialization import DEFAULT_CHUNK_BYTES, Reassembler, SerializationError, TensorMeta, payload_of
+from fedcore.serialization import DEFAULT_CHUNK_BYTES, Payload, Reassembler, SerializationError, TensorMeta, payload_of
 from fedcore.update_report import BetaHat, UpdateReport
 from fedguard import wire
 from fedguard.v1 import fedguard_pb2 as pb
@@ -504,7 +504,7 @@ class RoundRunner:
         payload: Any
         if update.masked is not None:  # secure aggregation: the masked words, sent as int64
             manifest = [TensorMeta(MASKED_TENSOR, "int64", (int(update.masked.shape[0]),))]
-            payload, kind = update.masked.view(np.int64).tobytes(), pb.MASKED
+            payload, kind = Payload([update.masked.data]), pb.MASKED  # sent from the array, no copy
         else:
             manifest, payload = payload_of(self.setup.model.state_dict())  # views of the weights, no copy
         chunk_bytes = (self.fed.chunk_bytes if self.fed is not None else 0) or DEFAULT_CHUNK_BYTES

@@ -115,12 +115,17 @@ class SecureClient:
         prepared as the server would aggregate it, and masked. Raises :class:`SecureRoundAbandoned` (a refused mask
         request) or ValueError (an update the server would have refused)."""
         assert r.mask_request is not None
-        parts = [torch.sub(t.detach().reshape(-1).to(torch.float32), received[k].reshape(-1).to(torch.float32))
-                 for k, t in trained.items() if t.is_floating_point()]
-        update = torch.cat(parts) if parts else torch.empty(0, dtype=torch.float32)
+        floats = [(k, t) for k, t in trained.items() if t.is_floating_point()]
+        update = torch.empty(sum(t.numel() for _, t in floats), dtype=torch.float32)
+        at = 0
+        for k, t in floats:  # each tensor's difference written into its slice: no per-tensor temporaries
+            n = t.numel()
+            torch.sub(t.detach().reshape(-1).to(torch.float32), received[k].reshape(-1).to(torch.float32),
+                      out=update[at:at + n])
+            at += n
         words = prepare_input(update, num_samples, self.settings)
-        try:
-            r.state, upload = sp.client_mask(r.state, r.mask_request, words)
+        try:  # the words are this call's own: masked in place, they are the upload
+            r.state, upload = sp.client_mask(r.state, r.mask_request, words, in_place=True)
         except sp.RequestRefused as e:
             self._refused(r, e)
         return upload.vector

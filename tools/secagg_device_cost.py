@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import resource
 import sys
 import tempfile
 import threading
@@ -28,6 +29,9 @@ sys.path.insert(0, str(ROOT))
 STEPS = (("work", "RoundRunner", "_work"), ("train", "RoundRunner", "_train"), ("push", "RoundRunner", "_push"),
          ("prepare", "SecureClient", "prepare"), ("masked_input", "SecureClient", "masked_input"),
          ("unmask", "SecureClient", "unmask"))
+# The parts of masked_input: the device's plain input, then the protocol's masking (and, inside it, the masks).
+PARTS = (("prepare_input", "secure", "prepare_input"), ("client_mask", "protocol", "client_mask"),
+         ("apply_masks", "prg", "apply_masks"))
 
 
 def run(secure: bool, k: int, rounds: int, cache: str) -> dict[str, Any]:
@@ -42,16 +46,21 @@ def run(secure: bool, k: int, rounds: int, cache: str) -> dict[str, Any]:
 
     def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t = time.thread_time()
+            before = resource.getrusage(resource.RUSAGE_THREAD)
             try:
                 return fn(*args, **kwargs)
             finally:
+                after = resource.getrusage(resource.RUSAGE_THREAD)
                 with lock:
-                    spent[name] += time.thread_time() - t
+                    spent[name] += (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                    spent[name + ".sys"] += after.ru_stime - before.ru_stime
+                    spent[name + ".faults"] += after.ru_minflt - before.ru_minflt
         return wrapper
 
-    owners = {"RoundRunner": runner.RoundRunner, "SecureClient": client_secure.SecureClient}
-    for name, owner, attr in STEPS:
+    from fedcore.secagg import prg, protocol
+    owners: dict[str, Any] = {"RoundRunner": runner.RoundRunner, "SecureClient": client_secure.SecureClient,
+                              "secure": client_secure, "protocol": protocol, "prg": prg}
+    for name, owner, attr in STEPS + PARTS:
         cls = owners[owner]
         saved.append((cls, attr, getattr(cls, attr)))
         setattr(cls, attr, timed(name, getattr(cls, attr)))
@@ -91,14 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", type=int, default=100, help="devices, all selected every round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cache", default=str(ROOT / "runs" / "cache"), help="CIFAR-10 shard cache directory")
+    ap.add_argument("--only", choices=("plain", "secagg+"), help="run one of the two")
     args = ap.parse_args(argv)
-    out = {name: run(name == "secagg+", args.k, args.rounds, args.cache) for name in ("plain", "secagg+")}
-    names = [n for n, _, _ in STEPS]
-    print(f"K = {args.k}, {args.rounds} rounds, CIFAR-10 CNN, one local epoch; thread CPU s per device-round")
+    runs = ("plain", "secagg+") if args.only is None else (args.only,)
+    out = {name: run(name == "secagg+", args.k, args.rounds, args.cache) for name in runs}
+    names = [n for n, _, _ in STEPS + PARTS]
+    print(f"K = {args.k}, {args.rounds} rounds, CIFAR-10 CNN, one local epoch; per device-round: thread CPU s "
+          "(user + system), then the system part and the minor page faults")
     print("| run | " + " | ".join(names) + " | process CPU s | wall s | round s |")
     print("|---|" + "---:|" * (len(names) + 3))
     for name, r in out.items():
-        cells = [f"{r['steps'][n]:.4f}" if n in r["steps"] else "-" for n in names]
+        cells = [(f"{r['steps'][n]:.4f} ({r['steps'][n + '.sys']:.4f} sys, {r['steps'][n + '.faults']:.0f} flt)"
+                  if n in r["steps"] else "-") for n in names]
         print(f"| {name} | " + " | ".join(cells) + f" | {r['cpu']:.1f} | {r['wall']:.1f} | "
               + ", ".join(f"{s:.1f}" for s in r["rounds"]) + " |")
     return 0

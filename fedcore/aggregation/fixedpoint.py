@@ -134,14 +134,16 @@ def _add_terms(acc: npt.NDArray[np.uint64], terms: npt.NDArray[np.uint64]) -> No
     np.add(acc, terms if terms.ndim == 1 else terms.sum(axis=0, dtype=np.uint64), out=acc)
 
 
-def encode(u: torch.Tensor | npt.NDArray[np.float32] | npt.NDArray[np.float64],
-           multiplier: float) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-    """The limbs ``(hi, lo)`` (new uint64 ``[P]`` arrays) of ``multiplier * u`` in the fixed point of
-    :class:`FixedPointSum`: for a float32 ``u`` (a tensor or an array) exactly the accumulators of a fresh
-    ``FixedPointSum(P)`` after ``add(u, multiplier)`` (magic offsets included), so that the limbs of several vectors
-    summed modulo 2^64 (:meth:`FixedPointSum.add_encoded`) equal those adds bit for bit. A float64 ``u`` (values
-    computed in float64, e.g. extra scalars to sum beside the parameters) takes the same path from the float64 term
-    ``c = u * multiplier``. The caller keeps every ``|c|`` within :data:`ADD_LIMIT` (:meth:`FixedPointSum.range_error`).
+def encode(u: torch.Tensor | npt.NDArray[np.float32] | npt.NDArray[np.float64], multiplier: float,
+           out: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]] | None = None,
+           ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """The limbs ``(hi, lo)`` (new uint64 ``[P]`` arrays, or the two arrays of ``out``, overwritten) of
+    ``multiplier * u`` in the fixed point of :class:`FixedPointSum`: for a float32 ``u`` (a tensor or an array)
+    exactly the accumulators of a fresh ``FixedPointSum(P)`` after ``add(u, multiplier)`` (magic offsets included),
+    so that the limbs of several vectors summed modulo 2^64 (:meth:`FixedPointSum.add_encoded`) equal those adds bit
+    for bit. A float64 ``u`` (values computed in float64, e.g. extra scalars to sum beside the parameters) takes the
+    same path from the float64 term ``c = u * multiplier``. The caller keeps every ``|c|`` within :data:`ADD_LIMIT`
+    (:meth:`FixedPointSum.range_error`).
     """
     if isinstance(u, torch.Tensor):
         if u.dtype != torch.float32 or u.dim() != 1:
@@ -152,8 +154,14 @@ def encode(u: torch.Tensor | npt.NDArray[np.float32] | npt.NDArray[np.float64],
         if arr.dtype not in (np.float32, np.float64) or arr.ndim != 1:
             raise ValueError(f"expected a float32 or float64 [P] array, got {arr.dtype} {arr.shape}")
     n, m = arr.shape[0], float(multiplier)
-    hi = np.zeros(n, dtype=np.uint64)
-    lo = np.zeros(n, dtype=np.uint64)
+    if out is None:
+        hi, lo = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=np.uint64)
+    else:
+        hi, lo = out
+        if any(a.dtype != np.uint64 or a.shape != (n,) for a in (hi, lo)):
+            raise ValueError(f"out must be two uint64 [{n}] arrays, got {[(a.dtype, a.shape) for a in (hi, lo)]}")
+        hi.fill(0)
+        lo.fill(0)
     size = min(CHUNK, max(n, 1))
     x_buf, t_buf = np.empty(size), np.empty(size)
     for s in range(0, n, CHUNK):  # chunk by chunk, as FixedPointSum.add: the scratch stays in cache

@@ -284,7 +284,8 @@ def encode_input(update: torch.Tensor | npt.NDArray[np.float32], multiplier: flo
     arr = update.detach().contiguous().numpy() if isinstance(update, torch.Tensor) else update
     if arr.dtype != np.float32 or arr.ndim != 1:
         raise ValueError(f"expected a float32 [P] update, got {arr.dtype} {arr.shape}")
-    max_abs = float(np.max(np.abs(arr))) if arr.size else 0.0
+    # max |u| without a |u| temporary: numpy's max and min return NaN when any value is NaN, and so does this
+    max_abs = max(float(arr.max()), -float(arr.min())) if arr.size else 0.0
     problem = FixedPointSum.range_error(max_abs, multiplier)
     if problem is not None:
         raise ValueError(problem)
@@ -295,9 +296,11 @@ def encode_input(update: torch.Tensor | npt.NDArray[np.float32], multiplier: flo
     ex = np.asarray(list(extras), dtype=np.float64)
     if ex.size and not bool(np.all(np.abs(ex) <= ADD_LIMIT)):
         raise ValueError(f"extra scalars must be finite and within ±{ADD_LIMIT:g}, got {ex.tolist()}")
-    hi, lo = encode(arr, multiplier)
-    ehi, elo = encode(ex, 1.0)
-    return np.concatenate([hi, ehi, lo, elo])
+    p, n = arr.shape[0], arr.shape[0] + ex.shape[0]
+    words = np.empty(2 * n, dtype=np.uint64)  # one buffer, written in place: [hi, extras' hi, lo, extras' lo]
+    encode(arr, multiplier, out=(words[:p], words[n:n + p]))
+    encode(ex, 1.0, out=(words[p:n], words[n + p:]))
+    return words
 
 
 # ---- client ----
@@ -411,10 +414,12 @@ def client_share(state: ClientState, request: KeyRequest, verify: Verifier, conf
     return new, upload
 
 
-def client_mask(state: ClientState, request: MaskRequest, encoded: Words) -> tuple[ClientState, MaskedUpload]:
+def client_mask(state: ClientState, request: MaskRequest, encoded: Words, *,
+                in_place: bool = False) -> tuple[ClientState, MaskedUpload]:
     """Phase 3: open the neighbours' shares (each must authenticate for this round and pair) and mask ``encoded``
     (:func:`encode_input`) with the self mask and the pairwise masks of the neighbours that shared. Raises
-    :class:`RequestRefused`."""
+    :class:`RequestRefused`. ``in_place``: ``encoded`` itself is masked and becomes the upload's vector (the caller
+    hands it over: no 16-bytes-per-coordinate copy); by default it is left as it was."""
     _check_round(state, request.federation_id, request.round, "mask request")
     if state.phase != SHARE or request.recipient != state.client_id:
         raise RequestRefused("mask request out of order or for another client")
@@ -448,7 +453,7 @@ def client_mask(state: ClientState, request: MaskRequest, encoded: Words) -> tup
     for v in held:
         seed = crypto.mask_seed(state.s_keys.private, state.peers[v].s_pk, state.federation_id, state.round, u, v)
         (add if u < v else subtract).append(seed)
-    vector = encoded.copy()
+    vector = encoded if in_place else encoded.copy()
     prg.apply_masks(vector, add, subtract)
     new = replace(state, phase=MASKED, held=held, known_dropped=frozenset(state.neighbours) - frozenset(held))
     return new, MaskedUpload(state.federation_id, state.round, u, vector)

@@ -151,3 +151,15 @@ def test_encode_is_one_fixedpoint_add_and_add_encoded_sums_limbs() -> None:
         limbs.add_encoded(hi[:-1], lo)
     with pytest.raises(ValueError, match="float32 or float64"):
         encode(np.ones(3, np.int64), 1.0)  # type: ignore[arg-type]
+
+
+def test_encode_into_given_arrays_equals_fresh_arrays() -> None:
+    rng = np.random.default_rng(1)
+    u = rng.normal(0, 1, 70_000).astype(np.float32)
+    hi, lo = encode(u, 37.0)
+    out = np.full(2 * u.size, 0xDEADBEEF, dtype=np.uint64)  # stale contents are overwritten, not added to
+    got = encode(u, 37.0, out=(out[: u.size], out[u.size :]))
+    assert np.array_equal(out[: u.size], hi) and np.array_equal(out[u.size :], lo)
+    assert np.shares_memory(got[0], out) and np.shares_memory(got[1], out)
+    with pytest.raises(ValueError, match="uint64"):
+        encode(u, 1.0, out=(out[: u.size - 1], out[u.size :]))

@@ -353,6 +353,19 @@ def test_shares_for_the_wrong_round_are_refused() -> None:
     assert isinstance(ev[0], Refused) and "round 3" in ev[0].reason
 
 
+def test_masking_in_place_gives_the_same_upload_and_only_then_consumes_the_input() -> None:
+    fleet = _fleet(6, 8, seed=13)
+    server, clients = _to_masked(fleet)
+    req = mask_request(server, "c000")
+    encoded = fleet.encoded("c000")
+    kept = encoded.copy()
+    state, up = client_mask(clients["c000"], req, encoded)
+    assert np.array_equal(encoded, kept) and not np.shares_memory(up.vector, encoded)
+    state_in_place, up_in_place = client_mask(clients["c000"], req, encoded, in_place=True)
+    assert up_in_place.vector is encoded and np.array_equal(up_in_place.vector, up.vector)
+    assert state_in_place == state and not np.array_equal(up.vector, kept)
+
+
 def _masked_upload(server: ServerState, clients: dict[str, ClientState], fleet: Fleet) -> protocol.MaskedUpload:
     _, up = client_mask(clients["c000"], mask_request(server, "c000"), fleet.encoded("c000"))
     return up
@@ -555,8 +568,11 @@ def test_encode_input_refuses_out_of_range_and_norm() -> None:
         encode_input(u, 2.0**31)
     with pytest.raises(ValueError, match="norm bound"):
         encode_input(u, 1.0, norm_bound=3.0)
-    with pytest.raises(ValueError, match="range"):
-        encode_input(np.array([np.nan], np.float32), 1.0)
+    for bad in ([np.nan], [1.0, np.nan, -1.0], [-np.inf, 0.0], [0.0, np.inf]):
+        with pytest.raises(ValueError, match="range"):
+            encode_input(np.array(bad, np.float32), 1.0)
+    with pytest.raises(ValueError, match="exact-aggregation range"):  # the largest |u| may be a negative value
+        encode_input(np.array([1.0, -(2.0**31)], np.float32), 1.0)
     with pytest.raises(ValueError, match="extra"):
         encode_input(u, 1.0, (float("inf"),))
     hi, lo = encode(u, 3.0)
