@@ -700,6 +700,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError("--config", f"{p} is not valid JSON: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("--config", f"{p} is not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError("--config", f"{p} is not UTF-8 text ({e})") from None
+    except RecursionError:
+        raise ConfigError("--config", f"{p} nests arrays or tables too deeply") from None
 
 
 def toml_literal(value: Any) -> str:

@@ -121,11 +121,14 @@ def _read_sidecar(path: Path, run_dir: str | os.PathLike[str], cluster: str | No
                 if cluster is not None and (Path(run_dir) / CLUSTER_DIR).is_dir() else
                 " (the server writes it when the federation finishes)")
         raise ModelFileError(f"{path}: no such file: no final model of {what} in {run_dir}{hint}") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested too deeply
         raise ModelFileError(f"{path}: not a readable model sidecar ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ModelFileError(f"{path}: not a fedguard model sidecar (format {FORMAT!r} expected)")
-    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+    version = meta.get("format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ModelFileError(f"{path}: format_version {version!r:.40} is not an integer")
+    if version > FORMAT_VERSION:
         raise ModelFileError(f"{path}: format_version {meta.get('format_version')} is newer than this fedguard "
                              f"({__version__}) reads ({FORMAT_VERSION})")
     if not isinstance(meta.get("model"), str) or not isinstance(meta.get("model_kwargs"), dict):
@@ -151,9 +154,17 @@ def load_model(run_dir: str | os.PathLike[str], cluster: str | None = None, *,
         if not is_registered_model(name):
             raise ModelFileError(f"{sidecar}: model {name!r} is not a registered model; fedguard never imports a "
                                  "factory a file names: build it yourself and pass it as load_model(..., model=...)")
+        try:  # first without memory (the meta device): the sidecar's options must give the weights' tensors
+            with torch.device("meta"):
+                shapes = build_model(name, meta["model_kwargs"], seed=0)
+        except (ModelError, TypeError, ValueError, RuntimeError, OverflowError) as e:
+            raise ModelFileError(f"{sidecar}: cannot build model {name!r} with {meta['model_kwargs']} ({e})") from None
+        if _fingerprint(shapes.state_dict()) != _fingerprint(tensors):
+            raise ModelFileError(f"{sidecar}: model {name!r} with {meta['model_kwargs']} does not have the tensors of "
+                                 f"{Path(run_dir) / MODEL_FILE if cluster is None else cluster} (not built)")
         try:
             model = build_model(name, meta["model_kwargs"], seed=0)
-        except (ModelError, TypeError, ValueError) as e:
+        except (ModelError, TypeError, ValueError, RuntimeError) as e:
             raise ModelFileError(f"{sidecar}: cannot build model {name!r} with {meta['model_kwargs']} ({e})") from None
     try:
         model.load_state_dict(tensors, strict=True)

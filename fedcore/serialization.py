@@ -484,7 +484,10 @@ def load_state(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], d
     try:
         header = json.loads(data[16 : 16 + hlen])
         manifest = [TensorMeta(t["name"], t["dtype"], tuple(int(d) for d in t["shape"])) for t in header["tensors"]]
-    except (ValueError, KeyError, TypeError) as e:
+        extra = header.get("extra", {})
+        if not isinstance(extra, dict):
+            raise TypeError(f"extra is a JSON {type(extra).__name__}, not an object")
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: JSON nested too deeply
         raise SerializationError(f"{path}: corrupt header ({e})") from None
     payload = bytearray(data[16 + hlen :])
-    return unpack(manifest, payload), dict(header.get("extra", {}))
+    return unpack(manifest, payload), dict(extra)

@@ -179,7 +179,7 @@ def read_chunk(raw: bytes | memoryview, message: type[Chunked]) -> tuple[int, me
         return None
     pos = got[1]
     offset = 0
-    if buf[pos] == _OFFSET_TAG:
+    if pos < end and buf[pos] == _OFFSET_TAG:
         got = _read_varint(buf, pos + 1, end)
         if got is None:
             return None

@@ -23,6 +23,7 @@ number of rounds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -39,12 +40,14 @@ from fedcore.log import get_logger
 from fedcore.report import RoundReport
 from fedserver.global_models import GlobalModels
 from fedserver.store import (
+    DB_NAME,
     Snapshot,
     StateStore,
     StoreError,
     archive,
     newest_unverified,
     no_verifiable_snapshot,
+    ways_on,
 )
 
 STATE_DIR = "state"
@@ -183,6 +186,8 @@ class Persistence:
                 stage_tensors[model_id.removeprefix(TENSOR_SLOT_PREFIX)] = dict(tensors)
             else:
                 self.models.put(model_id, tensors)
+        round_state, history = decode_snapshot(snap, loaded.history, loaded.progress, self.config.rounds, now,
+                                               state_dir)
         for name, value in snap.state.get("slots", {}).items():
             if name in self._slots:
                 self._slots[name][1](value)
@@ -194,15 +199,11 @@ class Persistence:
             self._tensor_slots[name][1](tensors)
         for name in sorted(set(self._tensor_slots) - set(stage_tensors)):
             self._tensor_slots[name][1]({})  # none in the snapshot: the stage says whether its state allows that
-        rows = loaded.history if snap.history_len >= 0 else snap.state.get("history", [])
-        history = [RoundReport.from_dict(d) for d in rows]
         self._saved_history = len(history) if snap.history_len >= 0 else 0
-        raw = (loaded.progress or {}).get("round_state") or snap.state["round_state"]
-        state = rm.resume(rm.RoundState.from_dict(raw), snap.completed_rounds, self.config.rounds, now)
         self._append_missing_rows(history)
-        self.log.info("federation.resumed", completed_rounds=snap.completed_rounds, round=state.round,
-                      attempt=state.attempt, phase=state.phase, clients=len(state.clients))
-        return Restored(state, history, snap.completed_rounds)
+        self.log.info("federation.resumed", completed_rounds=snap.completed_rounds, round=round_state.round,
+                      attempt=round_state.attempt, phase=round_state.phase, clients=len(round_state.clients))
+        return Restored(round_state, history, snap.completed_rounds)
 
     def _write_config(self) -> None:
         path = self.run_dir / "config.json"
@@ -279,6 +280,49 @@ class Persistence:
         if self.store is not None:
             self.store.close()
             self.store = None
+
+
+def decode_snapshot(snap: Snapshot, history_rows: list[dict[str, Any]], progress: dict[str, Any] | None,
+                    rounds: rm.RoundsConfig, now: float, state_dir: Path) -> tuple[rm.RoundState, list[RoundReport]]:
+    """The round machine's state (from the progress record, else the snapshot's), made ready to carry on, and the
+    metrics history of a verified snapshot. Its rows are JSON objects but not necessarily what a server wrote (a
+    hand-edited or damaged ``state.db``): one that does not decode is a :class:`StoreError` naming the snapshot."""
+    try:
+        if not isinstance(snap.state.get("slots", {}), dict):
+            raise TypeError("slots: not a JSON object")
+        rows = history_rows if snap.history_len >= 0 else snap.state.get("history", [])
+        if not isinstance(rows, list) or not all(isinstance(d, dict) for d in rows):
+            raise TypeError("history: not a list of JSON objects")
+        history = [RoundReport.from_dict(d) for d in rows]
+        for i, report in enumerate(history):
+            _check_fields(report, f"history[{i}]")
+        raw = (progress or {}).get("round_state") or snap.state["round_state"]
+        if not isinstance(raw, dict):
+            raise TypeError("round_state: not a JSON object")
+        state = rm.RoundState.from_dict(raw)
+        _check_fields(state, "round_state")
+        for cid, record in state.clients.items():
+            _check_fields(record, f"round_state.clients[{cid!r:.40}]")
+        state = rm.resume(state, snap.completed_rounds, rounds, now)
+    except (KeyError, TypeError, ValueError) as e:
+        what = f"missing {e}" if isinstance(e, KeyError) else str(e)
+        raise StoreError(f"{state_dir / DB_NAME}: the snapshot of round {snap.completed_rounds} does not decode "
+                         f"({what[:300]}); {ways_on(state_dir)}") from None
+    return state, history
+
+
+# JSON's types for the dataclass fields of plain types (a float field takes an integer; a bool is no number).
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _check_fields(obj: Any, where: str) -> None:
+    """Raise TypeError naming the field when a decoded dataclass holds a value of another JSON type than its
+    field's (``"round": "off"`` decodes, then breaks the server that compares rounds)."""
+    for f in dataclasses.fields(obj):
+        kinds = _JSON_TYPES.get(f.type) if isinstance(f.type, str) else None
+        value = getattr(obj, f.name)
+        if kinds is not None and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            raise TypeError(f"{where}.{f.name}: {value!r:.40} is not a JSON {f.type}")
 
 
 def _rounds_in(path: Path) -> int:

@@ -41,7 +41,7 @@ def store_file(rel: str) -> str:
 def parse_state(state_text: str) -> dict[str, Any]:
     try:
         state = json.loads(state_text)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RecursionError) as e:  # RecursionError: nested too deeply
         raise Unverified(f"its state record is not valid JSON ({e})") from None
     if not isinstance(state, dict):
         raise Unverified(f"its state record is a JSON {type(state).__name__}, not an object")
@@ -96,7 +96,7 @@ def parse_history(rows: Sequence[tuple[int, str]], history_len: int) -> list[dic
     for seq, text in rows:
         try:
             row = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise Unverified(f"history row {seq} is not valid JSON ({e})") from None
         if not isinstance(row, dict):
             raise Unverified(f"history row {seq} is not a JSON object")

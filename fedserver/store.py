@@ -496,7 +496,7 @@ class StateStore:
                 if prow is not None:
                     try:
                         value = json.loads(prow[0])
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         value = None
                     if isinstance(value, dict):
                         progress = value
