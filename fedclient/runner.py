@@ -34,6 +34,8 @@ from fedclient.simulation import DeviceSimulation
 from fedclient.stream import Exchanges, StreamEnded
 from fedclient.transport import update_frames
 from fedcore.client_state import ClientRoundReport
+from fedcore.compression.codecs import Encoded, flat_update
+from fedcore.compression.device import DeviceCompressor
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.models import load_weights, model_fingerprint, model_manifest
 from fedcore.secagg.config import MASKED_TENSOR
@@ -74,6 +76,8 @@ class SentUpdate:
     inline: bool  # the model came inside its task's header: the update goes the same way
     # Secure aggregation: the masked input sent instead of the weights (fedclient.secure), or None.
     masked: npt.NDArray[np.uint64] | None = None
+    # Compressed updates: the encoded u_i sent instead of the weights (fedcore.compression), or None.
+    encoded: Encoded | None = None
 
 
 class UpdateUnsettled(Exception):
@@ -103,6 +107,7 @@ class RoundRunner:
         # An update whose acknowledgement is the answer to the pull sent with it (SessionRequest.pushed_with_answer).
         self._unsettled: SentUpdate | None = None
         self._secure: SecureClient | None = None  # secure aggregation, when the server runs it
+        self._compressor: DeviceCompressor | None = None  # compressed updates, when the server announces them
         self._accepted_last = False  # the fate of the last update settled
 
     # ---- join ----
@@ -145,8 +150,24 @@ class RoundRunner:
         self._secure = None if fed.secure is None else SecureClient(
             fed.secure, fed.federation_id, self.client_id, lambda: self.conn.session, self._secagg_exchange,
             lambda message: self.conn.require().sign_advertisement(message), self.log, self.config.long_poll_s)
+        self._compressor = self._compressor_for(fed)
         self.log.info("client.joined", client_id=self.client_id, federation=reply.config.federation_id,
                       index=reply.client_index, num_train=self.setup.data.num_train)
+
+    def _compressor_for(self, fed: FederationInfo) -> DeviceCompressor | None:
+        """The encoder of the announced ``[compression]`` (None for kind none): the one of the last join when the
+        announcement and the model are the same (its residual carries on), else a new one (its residual restored
+        from the state dir when saved for this kind and model)."""
+        cfg = fed.compression
+        model = self.setup.model
+        if not cfg.compressed or model is None:
+            return None
+        fingerprint = model_fingerprint(model)
+        old = self._compressor
+        if old is not None and old.cfg == cfg and old.key.fingerprint == fingerprint:
+            return old
+        num_params = sum(t.numel() for t in model.state_dict().values() if t.is_floating_point())
+        return DeviceCompressor(cfg, fingerprint, num_params, self.setup.state, self.log)
 
     # ---- the loop ----
 
@@ -362,17 +383,23 @@ class RoundRunner:
         if secure is not None and self._secure is not None:
             assert self.setup.model is not None
             try:
+                # With compression, the values masked are those the encoding would deliver (docs/security.md).
                 masked = self._secure.masked_input(secure, received, self.setup.model.state_dict(),
-                                                   float(sent.num_samples))
+                                                   float(sent.num_samples),
+                                                   self._compressor.roundtrip if self._compressor else None)
             except (SecureRoundAbandoned, ValueError) as e:
                 self._secure_skipped(round_, e)
                 return
+        encoded = None
+        if masked is None and self._compressor is not None:  # u_i (+ the residual) encoded as announced
+            assert self.setup.model is not None
+            encoded = self._compressor.encode(flat_update(received, self.setup.model.state_dict()))
         self.summary.rounds_trained += 1
         self.summary.last_round = round_
         self.summary.history.append(ClientRoundReport(round_, sent, out.beta_hat_measured).history_row())
         # A server that sent the model inside its header reads an update sent the same way.
         update = SentUpdate(round_, sent, out.beta_hat_measured, inline=bool(header.data) and masked is None,
-                            masked=masked)
+                            masked=masked, encoded=encoded)
         self._send(update)
         if secure is not None and self._secure is not None and self._accepted_last:
             try:
@@ -505,14 +532,18 @@ class RoundRunner:
         if update.masked is not None:  # secure aggregation: the masked words, sent as int64
             manifest = [TensorMeta(MASKED_TENSOR, "int64", (int(update.masked.shape[0]),))]
             payload, kind = Payload([update.masked.data]), pb.MASKED  # sent from the array, no copy
+        elif update.encoded is not None:  # compressed: the encoded difference, from its arrays
+            manifest, payload, kind = update.encoded.manifest, update.encoded.payload, pb.DELTA
         else:
             manifest, payload = payload_of(self.setup.model.state_dict())  # views of the weights, no copy
         chunk_bytes = (self.fed.chunk_bytes if self.fed is not None else 0) or DEFAULT_CHUNK_BYTES
+        # The announced encoding (a masked input's too: its values are the decoded ones); none: the field is unset.
+        compression = wire.COMPRESSION_TO_PB[self.fed.compression.kind] if self.fed is not None else pb.COMPRESSION_NONE
 
         def do_push() -> pb.PushReply | None:
             header = pb.UpdateHeader(
                 session_id=self.conn.session, round=update.round, report=wire.update_report_to_pb(update.report),
-                kind=kind, tensors=wire.metas_to_pb(manifest), total_bytes=len(payload))
+                kind=kind, tensors=wire.metas_to_pb(manifest), total_bytes=len(payload), compression=compression)
             def on_stream(stream: Exchanges) -> pb.PushReply | None:
                 # The next pull goes with the update when the device could send it now (online and eligible, as
                 # the loop would check before it): one message per round instead of two. Not with a masked input:

@@ -110,10 +110,12 @@ class SecureClient:
         return r
 
     def masked_input(self, r: SecureRound, received: Mapping[str, torch.Tensor], trained: Mapping[str, torch.Tensor],
-                     num_samples: float) -> sp.Words:
+                     num_samples: float,
+                     transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> sp.Words:
         """Phase 3: u_i = trained - received over the floating-point tensors (float32, the server's arithmetic),
-        prepared as the server would aggregate it, and masked. Raises :class:`SecureRoundAbandoned` (a refused mask
-        request) or ValueError (an update the server would have refused)."""
+        ``transform``-ed (compressed updates: what the announced encoding would deliver, the device's residual
+        kept), prepared as the server would aggregate it, and masked. Raises :class:`SecureRoundAbandoned` (a
+        refused mask request) or ValueError (an update the server would have refused)."""
         assert r.mask_request is not None
         floats = [(k, t) for k, t in trained.items() if t.is_floating_point()]
         update = torch.empty(sum(t.numel() for _, t in floats), dtype=torch.float32)
@@ -123,6 +125,8 @@ class SecureClient:
             torch.sub(t.detach().reshape(-1).to(torch.float32), received[k].reshape(-1).to(torch.float32),
                       out=update[at:at + n])
             at += n
+        if transform is not None:
+            update = transform(update)
         words = prepare_input(update, num_samples, self.settings)
         try:  # the words are this call's own: masked in place, they are the upload
             r.state, upload = sp.client_mask(r.state, r.mask_request, words, in_place=True)

@@ -12,6 +12,8 @@ Layout (version 1)::
                                     "private_model": {"fingerprint", "accuracy", "epochs"} | null,
                                     "individual": {...} | null, "files": {"trainer_state": "trainer_state.fgt"}}
     state_dir/trainer_state.fgt    the trainer state (written after each round)
+    state_dir/compression_residual.fgt  compressed updates' error-feedback residual (float32 [P], with the kind and
+                                   model it belongs to; written at each round's encoding, absent without one)
 
 A state dir in the old layout (``client.json``, ``private_model.fgt``, ``individual_nfl.json`` and
 ``trainer_state.fgt``, one file per concern) is read and migrated when the client opens it: the state file is
@@ -38,10 +40,13 @@ import torch
 
 from fedcore.metrics import PRIVATE_MODEL_FILE, load_private_model
 from fedcore.nfl.individual import INDIVIDUAL_STATE_FILE, IndividualState, load_individual_state
-from fedcore.serialization import SerializationError, atomic_write, fingerprint, manifest_of
+from fedcore.serialization import SerializationError, atomic_write, fingerprint, load_state, manifest_of, save_state
 from fedcore.train.trainers import TRAINER_STATE_FILE, TrainerState, load_trainer_state, save_trainer_state
 
 STATE_FILE = "client_state.json"
+# Compressed updates' error-feedback residual (fedcore.compression.device): its own tensor file, like the trainer's.
+RESIDUAL_FILE = "compression_residual.fgt"
+RESIDUAL_TENSOR = "residual"
 FORMAT = "fedguard.client_state"
 VERSION = 1
 
@@ -295,6 +300,33 @@ class ClientState:
         if self.dir is not None:
             save_trainer_state(self.dir, state)
 
+    # ---- compressed updates' residual (its own tensor file) ----
 
-__all__ = ["FORMAT", "LEGACY_FILES", "STATE_FILE", "VERSION", "ClientState", "ClientStateDoc", "ClientStateError",
-           "PrivateModelRecord", "read_legacy", "read_state_file", "write_state_file"]
+    def load_residual(self) -> tuple[torch.Tensor, dict[str, object]] | None:
+        """The saved error-feedback residual and what it belongs to (kind, model fingerprint, P), or None;
+        :class:`ClientStateError` for a file that cannot be read (it is not reset silently)."""
+        if self.dir is None or not (self.dir / RESIDUAL_FILE).exists():
+            return None
+        path = self.dir / RESIDUAL_FILE
+        try:
+            tensors, meta = load_state(path)
+            return tensors[RESIDUAL_TENSOR], meta
+        except (OSError, SerializationError, KeyError) as e:
+            raise ClientStateError(f"{path}: unreadable compression residual ({e}); ways on: restore it from a "
+                                   f"backup, or delete it (the device's next update then starts without the "
+                                   f"residual)") from None
+
+    def save_residual(self, residual: torch.Tensor | None, meta: Mapping[str, object]) -> None:
+        """Write the residual whole or not at all (None: remove the file)."""
+        if self.dir is None:
+            return
+        path = self.dir / RESIDUAL_FILE
+        if residual is None:
+            path.unlink(missing_ok=True)
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        save_state(path, {RESIDUAL_TENSOR: residual}, meta)
+
+
+__all__ = ["FORMAT", "LEGACY_FILES", "RESIDUAL_FILE", "STATE_FILE", "VERSION", "ClientState", "ClientStateDoc",
+           "ClientStateError", "PrivateModelRecord", "read_legacy", "read_state_file", "write_state_file"]

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from fedcore.adaptive_clip import AdaptiveClipConfig
 from fedcore.aggregation.config import AggregationConfig, build_rule
 from fedcore.attacks.config import AttackConfig, SimulationHarnessConfig
+from fedcore.compression.config import TOPK, CompressionConfig
 from fedcore.data.base import DataError, available_datasets, check_dataset
 from fedcore.distfl.config import DistflConfig
 from fedcore.errors import ConfigError as ConfigError  # re-exported: the old import path keeps working
@@ -206,6 +207,9 @@ class ServerConfig:
     # Secure aggregation's parameters (SecAgg+: the neighbour graph, the threshold, the dropouts tolerated, the
     # phase deadlines), used when aggregation.secure = "secagg+" (docs/security.md).
     secagg: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
+    # Compressed updates (fedcore.compression; docs/scaling.md, "Compressed updates"): what devices send instead of
+    # their float32 weights, announced at join. Unset: kind = "none", the weights as they are.
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
 
     def validate(self) -> ServerConfig:
         validate_server_config(self)
@@ -240,6 +244,9 @@ class FederationInfo:
     # Secure aggregation, when the server runs it (None: off): its parameters and what a device does before
     # masking (fedcore.secagg.client.SecureSettings).
     secure: Any = None
+    # Compressed updates: how the device encodes its update (fedcore.compression.CompressionConfig; kind "none":
+    # it sends its weights).
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
 
 
 @dataclass
@@ -406,6 +413,7 @@ def validate_server_config(c: ServerConfig) -> None:
     require(sec.max_sessions_per_credential >= 1, "security.max_sessions_per_credential",
             f"must be >= 1, got {sec.max_sessions_per_credential}")
     _validate_harness(c)
+    c.compression.validate("compression")
     _validate_secure(c)
 
 
@@ -426,6 +434,10 @@ def _validate_secure(c: ServerConfig) -> None:
             "adaptive_clip.enabled = false or secure = \"off\"")
     require(not c.simulation_harness.full_knowledge_adversary, field_path,
             "the full-knowledge test harness crafts updates from the honest ones, which secure aggregation hides")
+    require(c.compression.kind != TOPK, "compression.kind",
+            "top-k sends a few coordinates of each update, but secure aggregation masks every coordinate (a masked "
+            "zero looks like any other word, and devices' top-k positions differ): use \"int8\", \"fp16\" or "
+            "\"none\" with aggregation.secure, or secure = \"off\" (docs/security.md)")
     k = c.rounds.num_selected
     left_out, may_drop = k - c.rounds.clients_per_round, math.floor(c.secagg.max_dropout * k)
     require(left_out <= may_drop, "rounds.over_select",

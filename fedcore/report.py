@@ -90,6 +90,9 @@ class RoundReport:
     dp_delta: float = NAN
     dp_noise_multiplier: float = NAN
     dp_sample_rate: float = NAN
+    # The update bytes the server took this round: the tensor payload (UpdateHeader.total_bytes) of every accepted
+    # update, whatever its kind (weights, a compressed update, a masked input; headers and framing not counted).
+    bytes_received: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The ``rounds.jsonl`` row; NaN stays a float here: :func:`fedcore.jsonio.dumps` writes it as ``null``.

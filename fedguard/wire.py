@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from fedcore import rounds
+from fedcore.compression.config import FP16, INT8, NONE, TOPK, CompressionConfig
 from fedcore.config import FederationInfo, TrainingConfig
 from fedcore.nfl import NflSettings
 from fedcore.report import DistflStatus, FederationStatus, NflStatus, RoundReport
@@ -223,7 +224,8 @@ def federation_to_pb(f: FederationInfo) -> pb.FederationConfig:
         chunk_bytes=f.chunk_bytes, nfl=nfl_settings_to_pb(f.nfl),
         nfl_mode=f.nfl.mode, nfl_nr=f.nfl.nr, nfl_c=f.nfl.c,  # the flat fields, for clients older than `nfl`
         recovery_method=f.recovery_method, recovery_options_json=json.dumps(f.recovery_options, sort_keys=True),
-        secure=secure_settings_to_pb(f.secure) if f.secure is not None else None)
+        secure=secure_settings_to_pb(f.secure) if f.secure is not None else None,
+        compression=compression_to_pb(f.compression) if f.compression.compressed else None)
 
 
 def federation_from_pb(p: pb.FederationConfig) -> FederationInfo:
@@ -238,7 +240,37 @@ def federation_from_pb(p: pb.FederationConfig) -> FederationInfo:
         nfl=nfl_settings_from_pb(p.nfl) if p.HasField("nfl") else NflSettings(p.nfl_mode, int(p.nfl_nr), int(p.nfl_c)),
         recovery_method=p.recovery_method or "flguard",
         recovery_options=_json_object(p.recovery_options_json, "recovery_options_json"),
-        secure=secure_settings_from_pb(p.secure) if p.HasField("secure") else None)
+        secure=secure_settings_from_pb(p.secure) if p.HasField("secure") else None,
+        compression=compression_from_pb(p.compression) if p.HasField("compression") else CompressionConfig())
+
+
+# The compression kinds on the wire (UpdateHeader.compression, CompressionSettings.kind).
+COMPRESSION_TO_PB: dict[str, Any] = {NONE: pb.COMPRESSION_NONE, FP16: pb.COMPRESSION_FP16,
+                                     INT8: pb.COMPRESSION_INT8, TOPK: pb.COMPRESSION_TOPK}
+_PB_TO_COMPRESSION: dict[Any, str] = {v: k for k, v in COMPRESSION_TO_PB.items()}
+
+
+def compression_kind_from_pb(value: int) -> str:
+    """A compression kind's name; :class:`SerializationError` for a value this version does not know."""
+    try:
+        return _PB_TO_COMPRESSION[value]
+    except KeyError:
+        raise SerializationError(f"unknown compression kind {value}") from None
+
+
+def compression_to_pb(c: CompressionConfig) -> pb.CompressionSettings:
+    return pb.CompressionSettings(kind=COMPRESSION_TO_PB[c.kind], int8_chunk=c.int8_chunk,
+                                  topk_fraction=c.topk_fraction, error_feedback=c.error_feedback)
+
+
+def compression_from_pb(p: pb.CompressionSettings) -> CompressionConfig:
+    """The server's compression announcement; :class:`SerializationError` for a kind or values no config could hold."""
+    config = CompressionConfig(kind=compression_kind_from_pb(p.kind), int8_chunk=int(p.int8_chunk),
+                               topk_fraction=float(p.topk_fraction), error_feedback=bool(p.error_feedback))
+    try:
+        return config.validate()
+    except ValueError as e:
+        raise SerializationError(f"the server announced unusable compression settings: {e}") from None
 
 
 def secure_settings_to_pb(s: SecureSettings) -> pb.SecureAggregationSettings:

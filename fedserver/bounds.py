@@ -125,6 +125,8 @@ def check_update_header(h: pb.UpdateHeader) -> None:
         _text(t.name, "tensors.name", MAX_TENSOR_NAME)
     if h.kind not in (pb.UPDATE_KIND_UNSPECIFIED, pb.WEIGHTS, pb.DELTA, pb.MASKED):
         raise _bad("kind", f"unknown update kind {h.kind}")
+    if h.compression not in (pb.COMPRESSION_NONE, pb.COMPRESSION_FP16, pb.COMPRESSION_INT8, pb.COMPRESSION_TOPK):
+        raise _bad("compression", f"unknown compression kind {h.compression}")
     if h.payload_sha256 and len(h.payload_sha256) != 32:
         raise _bad("payload_sha256", f"must be 32 bytes, got {len(h.payload_sha256)}")
 

@@ -101,7 +101,7 @@ def build_report(log: RoundLog, state: rm.RoundState, reason: str, central: floa
         test_accuracy_holdout=mean([a for c, a in acc.items() if c in holdouts and c not in attackers]),
         client_seconds=math.fsum(r.train_seconds for r in reports.values()),
         client_passes=mean([r.passes for r in reports.values()]),
-        seconds=seconds, outcome=reason, metrics=metrics,
+        seconds=seconds, outcome=reason, metrics=metrics, bytes_received=log.bytes_received,
     )
 
 

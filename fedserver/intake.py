@@ -18,6 +18,8 @@ import torch
 
 from fedcore import rounds as rm
 from fedcore.aggregation import AggregationConfig, Aggregator, make_aggregator
+from fedcore.compression.codecs import Decoder, layout
+from fedcore.compression.config import NONE
 from fedcore.config import ServerConfig, effective_aggregation
 from fedcore.log import get_logger
 from fedcore.nfl import OFF
@@ -45,6 +47,10 @@ class UpdateTicket:
     attempt: int = 0
     # A secure-aggregation masked input (fedserver.secure_round), not an update the server can read.
     masked: bool = False
+    # How the update is encoded (the announced compression.kind; "none": the tensors as they are) ...
+    compression: str = NONE
+    # ... and its tensor payload's bytes (counted in the round's bytes_received once it is taken).
+    nbytes: int = 0
 
 
 @dataclass
@@ -57,6 +63,8 @@ class RoundLog:
     selected: int = 0
     attempt: int = 0
     reports: dict[str, UpdateReport] = field(default_factory=dict)
+    # The tensor payload bytes of the updates taken (RoundReport.bytes_received).
+    bytes_received: int = 0
 
 
 class UpdateIntake:
@@ -114,9 +122,12 @@ class UpdateIntake:
         self.aggregator, self.round_log = None, None
 
     def begin(self, client_id: str, round_: int, report: UpdateReport, is_delta: bool, manifest: list[TensorMeta],
-              announced_bytes: int, masked: bool = False) -> UpdateTicket:
+              announced_bytes: int, masked: bool = False, compression: str = NONE) -> UpdateTicket:
         """Admission of an update header; raises :class:`ProtocolError` (and records the rejection). ``report``'s
-        numbers are bounded here (:meth:`UpdateReport.bounds_error`), after the round's admission."""
+        numbers are bounded here (:meth:`UpdateReport.bounds_error`), after the round's admission. ``compression``:
+        the encoding the header names, which must be the announced one (``compression.kind``); a compressed update
+        is a DELTA whose tensors are the encoding's layout for this model (:func:`fedcore.compression.codecs.layout`),
+        so every length is known before its bytes arrive."""
         reason = rm.admission(self._state(), client_id, round_)
         if reason is not None:
             self._refuse_admission(client_id, round_, reason)
@@ -128,7 +139,20 @@ class UpdateIntake:
             self.reject(client_id, round_, "FAILED_PRECONDITION",
                         "this server runs secure aggregation: send the masked input (kind MASKED)" if not masked else
                         "a masked input, but this server does not run secure aggregation")
-        want = self.masked_manifest() if masked else self.models.manifest
+        announced = self.config.compression
+        if compression != announced.kind:
+            self.reject(client_id, round_, "FAILED_PRECONDITION",
+                        f"this federation's updates are encoded as {announced.kind!r} (compression.kind, announced "
+                        f"at join), this one as {compression!r}")
+        if masked:
+            want = self.masked_manifest()
+        elif announced.compressed:
+            if not is_delta:
+                self.reject(client_id, round_, "INVALID_ARGUMENT",
+                            f"a {announced.kind} update is the encoded difference u_i: its kind must be DELTA")
+            want = layout(announced, self.models.num_params)
+        else:
+            want = self.models.manifest
         if manifest != want:
             self.reject(client_id, round_, "INVALID_ARGUMENT", manifest_mismatch(manifest, want))
         out_of_bounds = report.bounds_error()
@@ -138,7 +162,15 @@ class UpdateIntake:
             self.log.debug("update.no_beta_hat", client_id=client_id, round=round_,
                            reason="update without beta_hat: aggregated, not counted for the NFL detector")
         return UpdateTicket(client_id, round_, is_delta, report, self._model_id_for(client_id),
-                            self._state().attempt, masked)
+                            self._state().attempt, masked, compression, announced_bytes)
+
+    def decoder(self, ticket: UpdateTicket) -> Decoder | None:
+        """The streaming decoder of a compressed update (None for any other): it writes the decoded float32 [P]
+        update as the bytes arrive (:class:`fedcore.compression.codecs.Decoder`; its refusals are
+        :class:`fedcore.serialization.SerializationError`)."""
+        if ticket.masked or ticket.compression == NONE:
+            return None
+        return Decoder(self.config.compression, self.models.num_params, ticket.nbytes)
 
     def masked_manifest(self) -> list[TensorMeta]:
         """What a masked input must be: one int64 tensor of 2N words (N = P + the extra scalars)."""
@@ -179,26 +211,41 @@ class UpdateIntake:
         self._observe(rm.UpdateRejected(client_id, round_, reason, self._clock()))
         raise ProtocolError(code, reason)
 
-    def submit(self, ticket: UpdateTicket, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Validate the received tensors and fold them into the round (raises :class:`ProtocolError`)."""
+    def submit(self, ticket: UpdateTicket, tensors: Mapping[str, torch.Tensor] | torch.Tensor) -> None:
+        """Validate the received tensors (or a compressed update's decoded float32 [P] vector: :meth:`decoder`) and
+        fold them into the round (raises :class:`ProtocolError`). The bounds are the same for both: checked on the
+        decoded update."""
         cid, round_ = ticket.client_id, ticket.round
         reason = rm.admission(self._state(), cid, round_)
         if reason is not None:
             self._refuse_admission(cid, round_, reason, ticket)
-        if ticket.masked:
+        if isinstance(tensors, torch.Tensor):  # a compressed update, decoded
+            if ticket.compression == NONE or ticket.masked or tuple(tensors.shape) != (self.models.num_params,):
+                self.reject_ticket(ticket, "INVALID_ARGUMENT", "a decoded update for an update that is not compressed")
+            flat = tensors
+            if not bool(np.isfinite(flat.numpy()).all()):
+                bad_at = int(np.argmax(~np.isfinite(flat.numpy())))
+                self.reject_ticket(ticket, "INVALID_ARGUMENT",
+                                   f"the decoded {ticket.compression} update has non-finite values (coordinate "
+                                   f"{bad_at})")
+        elif ticket.masked:
             self._take_masked(ticket, tensors)
             return
-        # The upload is the intake's (the servicer drops it): u_i is computed in its buffer where it can be.
-        flat = self.models.flatten_update(tensors, ticket.is_delta, ticket.model_id, consume=True)
-        if not bool(np.isfinite(flat.numpy()).all()):  # numpy's: a fifth of torch's call cost on a small model
-            bad = next(k for k in self.models.float_names if not bool(torch.isfinite(tensors[k]).all()))
-            self.reject_ticket(ticket, "INVALID_ARGUMENT", f"tensor {bad!r} has non-finite values")
+        elif ticket.compression != NONE:
+            self.reject_ticket(ticket, "INVALID_ARGUMENT", f"a {ticket.compression} update must be decoded")
+        else:
+            # The upload is the intake's (the servicer drops it): u_i is computed in its buffer where it can be.
+            flat = self.models.flatten_update(tensors, ticket.is_delta, ticket.model_id, consume=True)
+            if not bool(np.isfinite(flat.numpy()).all()):  # numpy's: a fifth of torch's call cost on a small model
+                bad = next(k for k in self.models.float_names if not bool(torch.isfinite(tensors[k]).all()))
+                self.reject_ticket(ticket, "INVALID_ARGUMENT", f"tensor {bad!r} has non-finite values")
         assert self.aggregator is not None and self.round_log is not None
         try:
             self.aggregator.add(flat, float(ticket.report.num_samples), key=cid)
         except ValueError as e:
             self.reject_ticket(ticket, "INVALID_ARGUMENT", str(e))
         self.round_log.reports[cid] = ticket.report
+        self.round_log.bytes_received += ticket.nbytes
         # Debug-level: at a fleet's scale a line per client-round costs a tenth of the server's CPU; the round's
         # row counts the acceptances and times their spread (timing_seconds: first_update, median_update).
         self.log.debug("update.accepted", client_id=cid, round=round_, num_samples=ticket.report.num_samples,
@@ -215,6 +262,7 @@ class UpdateIntake:
         except ProtocolError as e:
             self.reject_ticket(ticket, e.code, e.message)
         self.round_log.reports[ticket.client_id] = ticket.report
+        self.round_log.bytes_received += ticket.nbytes
         self.log.debug("update.accepted", client_id=ticket.client_id, round=ticket.round, masked=True)
         self._observe(rm.UpdateAccepted(ticket.client_id, ticket.round, self._clock()))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from fedcore.compression.codecs import Decoder
 from fedcore.config import FederationInfo, resolved_nfl
 from fedcore.data import remote_options
 from fedcore.identity import shorten
@@ -44,6 +46,13 @@ TRIM_AFTER_BYTES = 8 << 20
 
 def method_path(name: str) -> str:
     return f"/{SERVICE_NAME}/{name}"
+
+
+def process_metadata() -> tuple[tuple[str, str], ...]:
+    """The server process as the operator's GetStatus reports it beside the status, in its trailing metadata:
+    the event loop's asyncio tasks (``fg-asyncio-tasks``) and the Python threads (``fg-threads``) now, what a
+    soak watches for leaks from outside (``tools/soak.py``; RSS and file descriptors are read from /proc)."""
+    return (("fg-asyncio-tasks", str(len(asyncio.all_tasks()))), ("fg-threads", str(threading.active_count())))
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,8 @@ class FederationServicer:
             training=cfg.training, dataset=cfg.data.dataset, data_options=announced,
             num_rounds=cfg.rounds.num_rounds, seed=cfg.rounds.seed,
             chunk_bytes=cfg.server.chunk_bytes, nfl=NflSettings(nfl.mode, nfl.nr or 0, nfl.c or 0),
-            recovery_method=cfg.recovery.method, recovery_options=cfg.recovery.options, secure=settings_of(cfg)))
+            recovery_method=cfg.recovery.method, recovery_options=cfg.recovery.options, secure=settings_of(cfg),
+            compression=cfg.compression))
         if self.auth.keys is not None:  # secure aggregation: advertisements signed by the enrolled keys
             coordinator.secure.verify = ed25519_verifier(self.auth.keys)
 
@@ -265,8 +275,8 @@ class FederationServicer:
         """Receive one update, ``first`` its header, the chunks from ``it``, and hand it to the intake; raises
         :class:`ProtocolError`. ``whole_stream``: the update is the whole stream (PushUpdate); otherwise (a Session
         stream) it ends with its announced bytes."""
-        asm: Reassembler | None = None
-        tensors: Mapping[str, torch.Tensor] | None = None
+        asm: Reassembler | Decoder | None = None
+        tensors: Mapping[str, torch.Tensor] | torch.Tensor | None = None
         try:
             msg = _message(first)
             if msg.WhichOneof("kind") != "header":
@@ -281,6 +291,7 @@ class FederationServicer:
                 if self.auth.signed and not h.payload_sha256:
                     raise ProtocolError("INVALID_ARGUMENT", "a signed update must carry payload_sha256")
                 manifest = wire.metas_from_pb(h.tensors)
+                compression = wire.compression_kind_from_pb(h.compression)
             except SerializationError as e:
                 self.coord.uploads.reject_header(h.session_id, int(h.round), "INVALID_ARGUMENT", str(e))
             except ProtocolError as e:
@@ -288,12 +299,14 @@ class FederationServicer:
             kind = h.kind if h.kind != pb.UPDATE_KIND_UNSPECIFIED else pb.WEIGHTS
             # Admission first (it refuses an update over max_update_bytes and records it), then the reservation.
             ticket = self.coord.uploads.begin(h.session_id, int(h.round), wire.update_report_from_pb(h),
-                                              kind == pb.DELTA, manifest, int(h.total_bytes), kind == pb.MASKED)
+                                              kind == pb.DELTA, manifest, int(h.total_bytes), kind == pb.MASKED,
+                                              compression)
             with self.limits.upload(h.session_id, int(h.total_bytes)):
                 digest = hashlib.sha256() if h.payload_sha256 else None
                 try:
-                    asm = Reassembler(manifest, int(h.total_bytes), self.coord.config.server.max_update_bytes,
-                                      one_buffer=True)
+                    # A compressed update is decoded as it streams in, into a float32 [P] vector: no copy of it.
+                    asm = self.coord.uploads.decoder(ticket) or Reassembler(
+                        manifest, int(h.total_bytes), self.coord.config.server.max_update_bytes, one_buffer=True)
                     if h.data:  # the whole update inside its header: no chunks follow
                         if len(h.data) != asm.expected:
                             raise SerializationError(f"the header's data holds {len(h.data)} bytes, its "
@@ -476,6 +489,7 @@ class FederationServicer:
         try:
             request = _message(item)
             if self.auth.operator(context):
+                context.set_trailing_metadata(process_metadata())
                 return wire.status_to_pb(rounds_after(self.coord.status(), request.since_round))
             if not request.session_id:
                 raise ProtocolError("UNAUTHENTICATED", "GetStatus needs the operator credential (metadata "

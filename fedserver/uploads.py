@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from fedcore.compression.codecs import Decoder
+from fedcore.compression.config import NONE
 from fedcore.serialization import TensorMeta
 from fedcore.update_report import UpdateReport
 from fedserver.errors import ProtocolError
@@ -30,14 +32,15 @@ class UploadGate:
         self.timing = timing if timing is not None else RoundTimer()  # the upload phase of the round's timing
 
     def begin(self, session: str, round_: int, report: UpdateReport, is_delta: bool, manifest: list[TensorMeta],
-              announced_bytes: int, masked: bool = False) -> UpdateTicket:
-        """Admission of an update header (the upload's first message; ``masked``: a secure-aggregation input);
-        raises :class:`ProtocolError` (and records the rejection)."""
+              announced_bytes: int, masked: bool = False, compression: str = NONE) -> UpdateTicket:
+        """Admission of an update header (the upload's first message; ``masked``: a secure-aggregation input;
+        ``compression``: the encoding the header names); raises :class:`ProtocolError` (and records the
+        rejection)."""
         began = self.timing.now()
         cid = self.members.touch(session)
         if self._stopping():
             raise ProtocolError("UNAVAILABLE", STOPPING)
-        ticket = self.intake.begin(cid, round_, report, is_delta, manifest, announced_bytes, masked)
+        ticket = self.intake.begin(cid, round_, report, is_delta, manifest, announced_bytes, masked, compression)
         self.timing.upload_began(cid, round_, began)
         return ticket
 
@@ -52,7 +55,11 @@ class UploadGate:
     def reject_ticket(self, ticket: UpdateTicket, code: str, reason: str) -> None:
         self.intake.reject_ticket(ticket, code, reason)
 
-    def submit(self, ticket: UpdateTicket, tensors: Mapping[str, torch.Tensor]) -> None:
+    def decoder(self, ticket: UpdateTicket) -> Decoder | None:
+        """A compressed update's streaming decoder (None: the tensors are reassembled as they are)."""
+        return self.intake.decoder(ticket)
+
+    def submit(self, ticket: UpdateTicket, tensors: Mapping[str, torch.Tensor] | torch.Tensor) -> None:
         if self._stopping():
             raise ProtocolError("UNAVAILABLE", STOPPING)
         self.intake.submit(ticket, tensors)

@@ -21,6 +21,13 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UINT8: _ClassVar[DType]
     BOOL: _ClassVar[DType]
 
+class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPRESSION_NONE: _ClassVar[Compression]
+    COMPRESSION_FP16: _ClassVar[Compression]
+    COMPRESSION_INT8: _ClassVar[Compression]
+    COMPRESSION_TOPK: _ClassVar[Compression]
+
 class UpdateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     UPDATE_KIND_UNSPECIFIED: _ClassVar[UpdateKind]
@@ -75,6 +82,10 @@ INT16: DType
 INT8: DType
 UINT8: DType
 BOOL: DType
+COMPRESSION_NONE: Compression
+COMPRESSION_FP16: Compression
+COMPRESSION_INT8: Compression
+COMPRESSION_TOPK: Compression
 UPDATE_KIND_UNSPECIFIED: UpdateKind
 WEIGHTS: UpdateKind
 DELTA: UpdateKind
@@ -167,7 +178,7 @@ class TrainingConfig(_message.Message):
     def __init__(self, local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., lr_decay: _Optional[float] = ..., grad_clip_norm: _Optional[float] = ..., prox_mu: _Optional[float] = ...) -> None: ...
 
 class FederationConfig(_message.Message):
-    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode", "chunk_bytes", "nfl_nr", "nfl_c", "recovery_method", "recovery_options_json", "nfl", "secure")
+    __slots__ = ("federation_id", "model_name", "model_kwargs_json", "model_fingerprint", "model_spec", "training", "dataset", "data_options_json", "num_rounds", "seed", "nfl_mode", "chunk_bytes", "nfl_nr", "nfl_c", "recovery_method", "recovery_options_json", "nfl", "secure", "compression")
     FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +197,7 @@ class FederationConfig(_message.Message):
     RECOVERY_OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     NFL_FIELD_NUMBER: _ClassVar[int]
     SECURE_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     federation_id: str
     model_name: str
     model_kwargs_json: str
@@ -204,7 +216,20 @@ class FederationConfig(_message.Message):
     recovery_options_json: str
     nfl: NflSettings
     secure: SecureAggregationSettings
-    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., nfl_nr: _Optional[int] = ..., nfl_c: _Optional[int] = ..., recovery_method: _Optional[str] = ..., recovery_options_json: _Optional[str] = ..., nfl: _Optional[_Union[NflSettings, _Mapping]] = ..., secure: _Optional[_Union[SecureAggregationSettings, _Mapping]] = ...) -> None: ...
+    compression: CompressionSettings
+    def __init__(self, federation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_kwargs_json: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_spec: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., training: _Optional[_Union[TrainingConfig, _Mapping]] = ..., dataset: _Optional[str] = ..., data_options_json: _Optional[str] = ..., num_rounds: _Optional[int] = ..., seed: _Optional[int] = ..., nfl_mode: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., nfl_nr: _Optional[int] = ..., nfl_c: _Optional[int] = ..., recovery_method: _Optional[str] = ..., recovery_options_json: _Optional[str] = ..., nfl: _Optional[_Union[NflSettings, _Mapping]] = ..., secure: _Optional[_Union[SecureAggregationSettings, _Mapping]] = ..., compression: _Optional[_Union[CompressionSettings, _Mapping]] = ...) -> None: ...
+
+class CompressionSettings(_message.Message):
+    __slots__ = ("kind", "int8_chunk", "topk_fraction", "error_feedback")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INT8_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TOPK_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FEEDBACK_FIELD_NUMBER: _ClassVar[int]
+    kind: Compression
+    int8_chunk: int
+    topk_fraction: float
+    error_feedback: bool
+    def __init__(self, kind: _Optional[_Union[Compression, str]] = ..., int8_chunk: _Optional[int] = ..., topk_fraction: _Optional[float] = ..., error_feedback: _Optional[bool] = ...) -> None: ...
 
 class SecureAggregationSettings(_message.Message):
     __slots__ = ("protocol", "neighbours", "threshold", "max_dropout", "corrupt_fraction", "security_bits", "correctness_bits", "min_clients", "norm_bound", "phase_timeout_s", "clip_norm", "weighted", "max_update_norm")
@@ -350,7 +375,7 @@ class UpdateReport(_message.Message):
     def __init__(self, num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., beta_hat: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., test_loss: _Optional[float] = ..., private_accuracy: _Optional[float] = ..., adapting: _Optional[bool] = ..., infers_adapted: _Optional[bool] = ..., train_seconds: _Optional[float] = ..., passes: _Optional[float] = ..., extras: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("session_id", "round", "num_samples", "beta_hat", "train_loss", "metrics", "kind", "tensors", "total_bytes", "payload_sha256", "report", "data")
+    __slots__ = ("session_id", "round", "num_samples", "beta_hat", "train_loss", "metrics", "kind", "tensors", "total_bytes", "payload_sha256", "report", "data", "compression")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +395,7 @@ class UpdateHeader(_message.Message):
     PAYLOAD_SHA256_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     round: int
     num_samples: int
@@ -382,7 +408,8 @@ class UpdateHeader(_message.Message):
     payload_sha256: bytes
     report: UpdateReport
     data: bytes
-    def __init__(self, session_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[int] = ..., beta_hat: _Optional[float] = ..., train_loss: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., kind: _Optional[_Union[UpdateKind, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., report: _Optional[_Union[UpdateReport, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    compression: Compression
+    def __init__(self, session_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[int] = ..., beta_hat: _Optional[float] = ..., train_loss: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., kind: _Optional[_Union[UpdateKind, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., report: _Optional[_Union[UpdateReport, _Mapping]] = ..., data: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ...) -> None: ...
 
 class UpdateMessage(_message.Message):
     __slots__ = ("header", "chunk")
@@ -587,7 +614,7 @@ class StatusRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., since_round: _Optional[int] = ...) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "outcome_name", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_name", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds", "client_passes", "clusters", "late_total", "attackers", "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_sample_rate")
+    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "outcome_name", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_name", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds", "client_passes", "clusters", "late_total", "attackers", "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_sample_rate", "bytes_received")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -641,6 +668,7 @@ class RoundSummary(_message.Message):
     DP_DELTA_FIELD_NUMBER: _ClassVar[int]
     DP_NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
     DP_SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     round: int
     selected: int
     accepted: int
@@ -680,7 +708,8 @@ class RoundSummary(_message.Message):
     dp_delta: float
     dp_noise_multiplier: float
     dp_sample_rate: float
-    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., outcome_name: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[_Union[NflState, str]] = ..., nfl_name: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ..., client_passes: _Optional[float] = ..., clusters: _Optional[_Mapping[str, int]] = ..., late_total: _Optional[int] = ..., attackers: _Optional[int] = ..., dp_epsilon: _Optional[float] = ..., dp_delta: _Optional[float] = ..., dp_noise_multiplier: _Optional[float] = ..., dp_sample_rate: _Optional[float] = ...) -> None: ...
+    bytes_received: int
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., outcome_name: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[_Union[NflState, str]] = ..., nfl_name: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ..., client_passes: _Optional[float] = ..., clusters: _Optional[_Mapping[str, int]] = ..., late_total: _Optional[int] = ..., attackers: _Optional[int] = ..., dp_epsilon: _Optional[float] = ..., dp_delta: _Optional[float] = ..., dp_noise_multiplier: _Optional[float] = ..., dp_sample_rate: _Optional[float] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("federation_id", "round", "num_rounds", "phase", "phase_name", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished", "outcome", "outcome_name", "resumed_from", "stopping", "nfl", "distfl")
