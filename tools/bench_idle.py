@@ -2,15 +2,18 @@
 
 A ``fedserver`` subprocess (plaintext, mlp on synthetic data, K larger than the fleet so no round ever starts,
 sampling timeout an hour) and ``--procs`` worker processes of ``fedlaunch`` hosting ``--clients`` virtual
-FedClients between them (each with its own channel, parked in its long-poll, as ``fedguard-launch --virtual``
-runs them). Once the server counts every client alive (GetStatus with the operator credential) and a settling
-time has passed, the CPU seconds (user + system, /proc/PID/stat) of the server and of all the worker processes
-together are sampled over ``--window`` seconds: the figure is the percentage of one core. Also counted: the
-``security.insecure`` warnings in the workers' logs (one per process expected, not one per virtual client), and
-the threads of a worker (``/proc/PID/status``).
+FedClients between them (as ``fedguard-launch --virtual`` runs them: a host's clients share one channel, each
+parked in its long-poll). Once the server counts every client alive (GetStatus with the operator credential) and
+a settling time has passed, the CPU seconds (user + system, /proc/PID/stat) of the server and of all the worker
+processes together are sampled over ``--window`` seconds: the figure is the percentage of one core. An idle client
+re-polls once per long-poll (``server.long_poll_s``, 60 s), so a window shorter than that may or may not hold a
+client's re-poll: ``--window 120`` averages over two. Also counted: the ``security.insecure`` warnings in the
+workers' logs (one per process expected, not one per virtual client), and the threads of the workers
+(``/proc/PID/status``).
 
     python tools/bench_idle.py                         # 1,000 clients in 4 worker processes, 30 s window
     python tools/bench_idle.py --clients 200 --procs 2 --window 20
+    python tools/bench_idle.py --window 120            # two long-polls: each client's re-polls averaged in
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             s1, w1, t1 = _cpu_seconds(server.pid), sum(_cpu_seconds(p) for p in pids), time.monotonic()
             alive_end = status(pb.StatusRequest(), timeout=5, metadata=(("fg-operator", operator),)).clients_alive
             threads = _threads(pids[0])
+            all_threads = sum(_threads(p) for p in pids)
             channel.close()
         finally:
             for p in [*workers, server]:
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"    client-host CPU (all {len(workers)} workers): {w1 - w0:.2f} s = {100 * (w1 - w0) / wall:.1f}% of "
           f"one core")
     print(f"    security.insecure warnings in the workers' logs: {warnings} ({len(workers)} processes); threads of "
-          f"worker 0 ({min(per, n)} clients): {threads}")
+          f"worker 0 ({min(per, n)} clients): {threads}; of all workers: {all_threads / n:.2f} per client")
     return 0
 
 
