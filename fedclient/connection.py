@@ -174,13 +174,17 @@ class Connection:
     def _open_framed(self) -> FramedSession | None:
         if not self._framed_port:
             return None
+        started = time.monotonic()
         try:
             return FramedSession.connect(self.config, self._framed_port)
         except (OSError, FramedError) as e:  # ssl.SSLError is an OSError
             # Unreachable (a firewall, a proxy in between, a server that stopped): gRPC's Session stream until the
             # next join announces the port again. A refusal of this client's credentials is gRPC's to say.
+            # ``seconds``: what finding out cost (a refused port: at once; one that drops or answers nothing: the
+            # connect timeout, fedclient.framed.CONNECT_TIMEOUT_S), once per join.
             self.log.warning("client.framed_off", client_id=self.client_id, port=self._framed_port,
                              reason=shorten(f"{type(e).__name__}: {e}", 300),
+                             seconds=round(time.monotonic() - started, 3),
                              using="the gRPC Session stream until the next join")
             self._framed_port = 0
             return None

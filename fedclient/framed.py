@@ -60,6 +60,25 @@ def client_ssl_context(config: ClientConfig) -> ssl.SSLContext:
     return ctx
 
 
+# The device's side of a framed connection notices a dead path sooner than the server's KEEPALIVE (a minute): a
+# device that changed networks (its old address gone, no reset ever coming) is blocked in a read of its parked pull;
+# probes after 15 s idle, 5 s apart, 3 of them, and unacknowledged data given up after 30 s: it reconnects within
+# about 30 s, as gRPC's channel does with its keepalive pings (fedclient.transport: 30 s, 10 s to answer). Probes
+# are answered by the server's kernel: no wake-up of its event loop.
+CLIENT_KEEPALIVE = (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+CLIENT_USER_TIMEOUT_MS = 30_000
+
+
+def tighten_keepalive(sock: socket.socket) -> None:
+    """:data:`CLIENT_KEEPALIVE` and :data:`CLIENT_USER_TIMEOUT_MS` where the platform has them."""
+    with contextlib.suppress(OSError, AttributeError):
+        for option, value in CLIENT_KEEPALIVE:
+            if hasattr(socket, option):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, CLIENT_USER_TIMEOUT_MS)
+
+
 def server_host(config: ClientConfig) -> str:
     """The host part of ``server`` (``host:port``, ``[v6]:port``)."""
     return config.server.rpartition(":")[0].strip("[]")
@@ -84,7 +103,8 @@ class FramedSession:
         host = server_host(config)
         sock = socket.create_connection((host, port), timeout=timeout)
         try:
-            framing.tune_socket(sock)  # keepalive as the server's: a server gone is noticed between exchanges too
+            framing.tune_socket(sock)  # keepalive: a server gone is noticed between exchanges too
+            tighten_keepalive(sock)
             if not config.insecure:
                 sock = client_ssl_context(config).wrap_socket(sock, server_hostname=config.server_name or host)
             sock.sendall(framing.MAGIC)

@@ -64,12 +64,14 @@ class DataConfig:
 class ServerSection:
     # host:port the server listens on; port 0 picks a free one.
     address: str = "127.0.0.1:8470"
-    # host:port of the framed Session transport, beside gRPC (empty: off; port 0 picks a free one): the clients'
-    # Session streams on connections the server's event loop serves itself, with the same TLS, identity checks and
-    # bounds (fedguard/framing.py). The port is announced at join; a client that cannot reach it uses gRPC's
-    # Session stream. 28-37 % less server CPU per client-round than gRPC's stream, and no gRPC threads in the client
-    # (docs/benchmarks.md, "The framed Session transport").
-    framed_address: str = ""
+    # host:port of the framed Session transport, beside gRPC: the clients' Session streams on connections the
+    # server's event loop serves itself, with the same TLS, identity checks and bounds (fedguard/framing.py).
+    # "auto": server.address's host on its port + 1 (8470 -> 8471; port 0 -> a free one too); "" turns it off;
+    # port 0 picks a free one. A port that cannot be bound refuses the server (exit 2), never silently. The port is
+    # announced at join; a client that cannot reach it (a firewall, a proxy) uses gRPC's Session stream, after a
+    # refusal at once, after a port that answers nothing in 5 s, once per join. Less server CPU per client-round
+    # than gRPC's stream, and no gRPC threads in the client (docs/benchmarks.md, "The framed Session transport").
+    framed_address: str = "auto"
     # Connections the framed port holds at once; one more is answered RESOURCE_EXHAUSTED and closed (its client
     # retries). A connection that says nothing within stream_idle_timeout_s is closed, its TLS handshake too.
     framed_max_connections: int = 20_000
@@ -335,8 +337,8 @@ class ClientConfig:
 def validate_server_config(c: ServerConfig) -> None:
     s, r, t = c.server, c.rounds, c.training
     require(_valid_address(s.address), "server.address", f"expected host:port, got {s.address!r}")
-    require(not s.framed_address or _valid_address(s.framed_address), "server.framed_address",
-            f"expected host:port (or empty: off), got {s.framed_address!r}")
+    require(s.framed_address in ("", "auto") or _valid_address(s.framed_address), "server.framed_address",
+            f'expected host:port, "auto" (server.address\'s host, its port + 1) or "" (off), got {s.framed_address!r}')
     require(s.framed_max_connections >= 1, "server.framed_max_connections",
             f"must be >= 1, got {s.framed_max_connections}")
     require(bool(s.federation_id), "server.federation_id", "must not be empty")

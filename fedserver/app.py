@@ -22,7 +22,7 @@ from fedcore.models import build_model
 from fedcore.report import FederationStatus, RoundReport
 from fedserver import event_loop
 from fedserver.coordinator import Coordinator
-from fedserver.framed import FramedServer
+from fedserver.framed import AUTO, WAYS_OUT, FramedServer, framed_address
 from fedserver.global_models import GLOBAL
 from fedserver.persistence import StoreOpener, open_store
 from fedserver.rundir import RunDirLock
@@ -84,9 +84,9 @@ def check_port_free(address: str, field: str = "server.address") -> None:
         except OSError as e:
             in_use = e.errno == errno.EADDRINUSE
             reason = "is in use by another process" if in_use else f"cannot be bound ({e.strerror})"
-            flag = "--address" if field == "server.address" else "--framed-address"
-            raise ConfigError(field, f"port {port} on {host or '*'} {reason}; pick another with "
-                                     f"{flag} HOST:PORT (port 0 picks a free one)") from None
+            ways = "pick another with --address HOST:PORT (port 0 picks a free one)" if field == "server.address" \
+                else WAYS_OUT
+            raise ConfigError(field, f"port {port} on {host or '*'} {reason}; {ways}") from None
 
 
 def listen(server: grpc.aio.Server, config: ServerConfig) -> int:
@@ -171,8 +171,15 @@ async def serve(config: ServerConfig, ready: Callable[[int, Coordinator, Federat
     if on_round_end is not None:
         coord.subscribe(guarded(on_round_end, coord.log))
     check_port_free(config.server.address)  # a taken port is refused before the run dir is created or touched
-    if config.server.framed_address:
-        check_port_free(config.server.framed_address, "server.framed_address")
+    framed_at = framed_address(config)
+    if framed_at:
+        try:
+            check_port_free(framed_at, "server.framed_address")
+        except ConfigError as e:
+            if config.server.framed_address != AUTO:
+                raise
+            reason = str(e).removeprefix(e.field + ": ")
+            raise ConfigError(e.field, f'"auto" is {framed_at} (server.address\'s port + 1): {reason}') from None
     # One writer per run directory, before anything listens or touches it (RunDirLocked names the holder).
     lock = RunDirLock.acquire(config.server.run_dir, config.server.address)
     try:
@@ -189,7 +196,7 @@ async def _serve_locked(config: ServerConfig, coord: Coordinator, lock: RunDirLo
         server = grpc.aio.server(options=grpc_options(config))
         servicer, health = add_to_server(server, coord)
         port = listen(server, config)
-        framed = FramedServer(servicer, config) if config.server.framed_address else None
+        framed = FramedServer(servicer, config) if framed_address(config) else None
         framed_port = await framed.start() if framed is not None else 0
     except BaseException:
         coord.close()

@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 # flag -> (config path, type)
 _FLAGS: dict[str, tuple[str, Any, str]] = {
     "address": ("server.address", str, "host:port to listen on (port 0 picks a free one)"),
-    "framed_address": ("server.framed_address", str, "host:port of the framed Session transport beside gRPC (port "
-                                                     "0 picks a free one; announced to the clients at join)"),
+    "framed_address": ("server.framed_address", str, "host:port of the framed Session transport beside gRPC, "
+                                                     "announced to the clients at join (default auto: --address's "
+                                                     "port + 1; port 0 picks a free one; \"\" turns it off)"),
     "run_dir": ("server.run_dir", str, "directory for the final model, rounds.jsonl and config.json"),
     "token": ("server.token", str, "shared join secret clients must present (visible in ps: prefer --token-file "
                                    "or FEDGUARD_TOKEN)"),

@@ -53,7 +53,7 @@ from fedserver.finalize import RoundFinalizer
 from fedserver.global_models import GlobalModels
 from fedserver.harness import AdversaryHarness
 from fedserver.intake import UpdateIntake
-from fedserver.membership import Membership
+from fedserver.membership import LivenessChecks, Membership
 from fedserver.nfl_monitor import NflMonitor
 from fedserver.offload import Offload
 from fedserver.persistence import Persistence, StoreOpener, open_store
@@ -232,7 +232,7 @@ class Coordinator:
         checks = [self.limits.heartbeat_patience_s / 4, 1.0]
         if self.limits.poll_grace_s:
             checks.append(self.limits.poll_grace_s / 4)
-        liveness_every, last_liveness = min(checks), self.clock()
+        liveness = LivenessChecks(min(checks), self.clock())
         while not self._finished.is_set() and not self.stopping:
             wake = self._wake
             timeout = 0.25
@@ -244,8 +244,7 @@ class Coordinator:
             if not self.stopping:
                 now = self.clock()
                 self.secure.tick(now)
-                if now - last_liveness >= liveness_every:  # a client parked in a long-poll is connected: alive
-                    last_liveness = now
+                if liveness.due(now, timeout):  # a client parked in a long-poll is connected: alive
                     self.observe(rm.Tick(now, self.polls.connected()))
                 else:
                     self.observe(rm.Tick(now, liveness=False))

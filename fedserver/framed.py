@@ -36,6 +36,33 @@ READ_AHEAD_BYTES = 1 << 20
 LINGER_S = 2.0
 
 
+# ``server.framed_address`` that asks for the framed port beside ``server.address``: its host, on its port + 1 (port 0:
+# a free one as well); "" turns the framed port off.
+AUTO = "auto"
+# How the refusals name the ways out (``check_port_free``, :meth:`FramedServer.start`).
+WAYS_OUT = ('pick another with --framed-address HOST:PORT (port 0 picks a free one), or turn the framed port off '
+            'with --framed-address "" (server.framed_address = "": clients then use gRPC\'s Session stream)')
+
+
+def framed_address(config: ServerConfig) -> str:
+    """The ``host:port`` the framed port binds, or "" when it is off: ``server.framed_address`` as it is, or for
+    ``"auto"`` the host of ``server.address`` on the port after its (``8470`` -> ``8471``; ``0``, a free port, ->
+    ``0``, a free port too). A :class:`ConfigError` naming the field when ``auto`` has no port to derive."""
+    value = config.server.framed_address
+    if value != AUTO:
+        return value
+    host, _, port_s = config.server.address.rpartition(":")
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ConfigError("server.framed_address", f'"auto" derives the port from server.address, which has none: '
+                                                   f"{config.server.address!r}") from None
+    if port >= 65535:
+        raise ConfigError("server.framed_address", f'"auto" is server.address\'s port + 1, and {port} + 1 is no '
+                                                   f"port; {WAYS_OUT}")
+    return f"{host}:{port + 1 if port else 0}"
+
+
 class Aborted(Exception):
     """A refusal the handler made (``context.abort``): the connection's STATUS frame."""
 
@@ -335,8 +362,9 @@ class FramedServer:
         self.ssl = None if config.security.insecure else server_ssl_context(config)
 
     async def start(self) -> int:
-        """Listen on ``server.framed_address``; the port bound (a ``ConfigError`` naming the field otherwise)."""
-        address = self.config.server.framed_address
+        """Listen on ``server.framed_address`` (:func:`framed_address`); the port bound (a ``ConfigError`` naming the
+        field otherwise)."""
+        address = framed_address(self.config)
         host, _, port_s = address.rpartition(":")
         try:
             port = int(port_s)
@@ -347,7 +375,8 @@ class FramedServer:
             self._server = await loop.create_server(
                 self._protocol, host.strip("[]") or None, port, backlog=4096, reuse_address=True)
         except OSError as e:
-            raise ConfigError("server.framed_address", f"cannot listen on {address}: {e.strerror or e}") from None
+            raise ConfigError("server.framed_address", f"cannot listen on {address}: {e.strerror or e}; "
+                                                       f"{WAYS_OUT}") from None
         bound = int(self._server.sockets[0].getsockname()[1])
         self.servicer.framed_port = bound
         return bound
@@ -371,4 +400,5 @@ class FramedServer:
                 conn.transport.close()
 
 
-__all__ = ["Aborted", "FramedContext", "FramedServer", "auth_context_of", "peer_string", "server_ssl_context"]
+__all__ = ["AUTO", "WAYS_OUT", "Aborted", "FramedContext", "FramedServer", "auth_context_of", "framed_address",
+           "peer_string", "server_ssl_context"]

@@ -22,11 +22,25 @@ cancels the task only when a wait outlives its deadline, and undoes its cancel r
         limit.stop()
     ...
     limit.close()                   # when the task is done with it: its timer is disarmed
+
+A wait is idle only while the loop could have read what it waits for. A timer that fires :data:`LATE_S` or more
+after its due time finds a loop that was held up (a long callback, a process starved of CPU or memory): what the
+peer sent meanwhile sits unread in the socket or in the transport's queue, and uvloop (libuv) runs due timers
+*before* it polls for I/O, so cancelling then would refuse a peer for the server's own stall. The wait's deadline
+moves on by the time the timer was late instead (at most the limit itself, at most :data:`MAX_MOVES` times a wait):
+a peer that is truly silent is cancelled once the loop has been running for the whole limit, and a wait outlives its
+limit by at most ``MAX_MOVES`` limits however starved the loop is. Seen on a 2-core host at a load average of 13-57: 35
+uploads of one SecAgg+ round cancelled at the same instant after a ~30-s stall of the server's loop, their data
+waiting to be read (docs/reliability.md, "A server that stalls").
 """
 
 from __future__ import annotations
 
 import asyncio
+
+# A timer this late (seconds past its due time) means the loop itself was held up (module docstring).
+LATE_S = 0.25
+MAX_MOVES = 3
 
 
 class IdleLimit:
@@ -40,6 +54,10 @@ class IdleLimit:
         self._loop = asyncio.get_running_loop()
         self._when: float | None = None  # the deadline of the wait in progress (loop time), None between waits
         self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0  # when the armed timer is due (loop time)
+        self._seconds = 0.0  # the limit of the wait in progress
+        self._moves = 0  # how often its deadline moved on for a stall
+        self.stalls = 0  # deadlines moved on because the loop was held up (for tests and logs)
         self._cancelling = 0  # the task's cancel requests when the wait began (others are not this limit's)
         self._expiring = False  # this limit cancelled the task, and the wait has not seen it yet
 
@@ -47,12 +65,14 @@ class IdleLimit:
         """A wait of at most ``seconds`` begins (the task awaits next)."""
         when = self._loop.time() + seconds
         self._when = when
+        self._seconds = seconds
+        self._moves = 0
         self._cancelling = self._task.cancelling()
         handle = self._handle
         if handle is None or handle.when() > when:  # none armed, or armed too late for this wait
             if handle is not None:
                 handle.cancel()
-            self._handle = self._loop.call_at(when, self._fire)
+            self._arm(when)
 
     def stop(self) -> bool:
         """The wait ended. True when this limit cancelled it and no other cancel request came meanwhile: the task's
@@ -71,13 +91,25 @@ class IdleLimit:
             self._handle.cancel()
             self._handle = None
 
+    def _arm(self, when: float) -> None:
+        self._due = when
+        self._handle = self._loop.call_at(when, self._fire)
+
     def _fire(self) -> None:
         self._handle = None
         when = self._when
         if when is None:  # no wait in progress: the next one arms the timer again
             return
-        if self._loop.time() < when:  # armed for an earlier wait that ended: on to this one's deadline
-            self._handle = self._loop.call_at(when, self._fire)
+        now = self._loop.time()
+        if now < when:  # armed for an earlier wait that ended: on to this one's deadline
+            self._arm(when)
+            return
+        late = now - self._due
+        if late >= LATE_S and self._moves < MAX_MOVES:  # the loop was held up: what the peer sent meanwhile is
+            self._moves += 1                             # read before the limit counts it
+            self.stalls += 1
+            self._when = max(when + min(late, self._seconds), now + LATE_S)
+            self._arm(self._when)
             return
         self._expiring = True
         self._task.cancel()

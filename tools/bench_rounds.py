@@ -348,7 +348,7 @@ def main() -> int:
              # Long enough for every client to hear that the federation finished and leave (10,000 at once).
              "--linger", str(max(10, n // 400)),
              *(["--set", f"server.long_poll_s={args.long_poll}"] if args.long_poll else []),
-             *(["--framed-address", "127.0.0.1:0"] if args.transport == "framed" else []),
+             "--framed-address", "127.0.0.1:0" if args.transport == "framed" else "",
              "--min-available", str(n), "--model-kwargs", json.dumps({"hidden": args.hidden}),
              *server_tls_flags(tls_dir)],
             stdout=open(Path(tmp) / "server.log", "wb"), stderr=subprocess.STDOUT, env=env,  # noqa: SIM115

@@ -376,7 +376,7 @@ def _env() -> dict[str, str]:
 
 
 # Extra fedserver flags of every measured run (``--framed``: the framed Session transport).
-SERVER_FLAGS: list[str] = []
+SERVER_FLAGS: list[str] = ["--framed-address", ""]  # gRPC's Session stream unless --framed
 
 
 def server_command(address: str, run_dir: Path, rounds: int, k: int, min_available: int, hidden: Sequence[int],

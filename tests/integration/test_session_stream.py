@@ -276,7 +276,8 @@ def test_a_stream_idle_for_longer_than_a_round_is_ended(tmp_path: Path) -> None:
 def _federation(tmp_path: Path, session_stream: bool) -> tuple[torch.Tensor, list[Any]]:
     from fedclient import ClientConfig, FedClient
 
-    cfg = server_config(tmp_path, rounds={"num_rounds": 3, "clients_per_round": 3, "seed": 5})
+    cfg = server_config(tmp_path, server={"framed_address": ""},  # gRPC's Session stream, not the framed port
+                        rounds={"num_rounds": 3, "clients_per_round": 3, "seed": 5})
     with ServerThread(cfg, linger_s=0.5) as srv:
         clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
                                           long_poll_s=5.0, session_stream=session_stream)).start()
@@ -307,7 +308,8 @@ def test_a_client_falls_back_to_the_unary_calls_against_a_server_without_the_str
     monkeypatch.setattr(FederationServicer, "handlers",
                         lambda self: {k: v for k, v in handlers(self).items() if k != "Session"})
     events: list[str] = []
-    cfg = server_config(tmp_path, rounds={"num_rounds": 2, "clients_per_round": 2})
+    cfg = server_config(tmp_path, server={"framed_address": ""},  # a server that predates Session has no framed port
+                        rounds={"num_rounds": 2, "clients_per_round": 2})
     with ServerThread(cfg, linger_s=0.5) as srv:
         clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
                                           long_poll_s=5.0)) for i in range(2)]
