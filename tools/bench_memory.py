@@ -24,6 +24,7 @@ Private memory: RssAnon from /proc/PID/status; USS (Private_Clean + Private_Dirt
     python tools/bench_memory.py                          # N1 = 10, N2 = 510, MLP hidden 64
     python tools/bench_memory.py --hosts 10 110 --hidden 1024 512
     python tools/bench_memory.py --decompose 200          # (e) as well (docs/benchmarks.md's figures)
+    python tools/bench_memory.py --figures docs/figures.toml   # and write (b) and (c) into the figures file
 """
 
 from __future__ import annotations
@@ -472,6 +473,9 @@ def main() -> int:
     ap.add_argument("--skip-hosts", action="store_true", help="measure (a), (b) and (d) only")
     ap.add_argument("--decompose", type=int, default=0, metavar="N",
                     help="(e): also break one virtual client's memory down, with N clients parked in this process")
+    ap.add_argument("--figures", type=Path, metavar="PATH", default=None,
+                    help="write (b)'s RssAnon beyond import torch + model + data and (c)'s per-virtual-client slope "
+                         "into this figures file (docs/figures.toml: memory_client_process, memory_virtual_client)")
     args = ap.parse_args()
     if args.hosts[0] == args.hosts[1]:
         ap.error("--hosts: N1 and N2 must differ")
@@ -489,11 +493,38 @@ def main() -> int:
         hosts = None if args.skip_hosts else bench.hosts()
         imported = {name: bench.modules(name) for name in ("server-b", "client", "host-n2")}
         report(args, torch_only, baseline, model, shards, client, hosts, imported)
+        if args.figures is not None:
+            update_figures(args.figures, figure_values(args, torch_only, model, shards, client, hosts))
         if args.decompose:
             decompose(bench, args.decompose)
         for log in bench.logs:
             log.close()
     return 0
+
+
+def figure_values(args: argparse.Namespace, torch_only: Memory, model: int, shards: dict[int, int], client: Sampled,
+                  hosts: tuple[Sampled, Sampled, float, float] | None) -> dict[str, str]:
+    """docs/figures.toml's memory figures from this run: name -> value in MiB, as the pages write it."""
+    out = {"memory_client_process": f"{beyond(client.rss_anon, torch_only.rss_anon, model, shards[0]) / MIB:.2f}"}
+    if hosts is not None:
+        n1, n2 = args.hosts
+        s1, s2 = hosts[0], hosts[1]
+        own1 = sum(model + shards[i] for i in range(n2, n2 + n1))
+        own2 = sum(model + shards[i] for i in range(n2))
+        out["memory_virtual_client"] = f"{per_client_slope(n1, s1.rss_anon, own1, n2, s2.rss_anon, own2) / MIB:.3f}"
+    return out
+
+
+def update_figures(path: Path, values: Mapping[str, str]) -> None:
+    """Write ``values`` into the figures file ``path`` (tools/figures.py), dated today."""
+    root = Path(__file__).resolve().parent.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from tools import figures as figures_file
+
+    for name, value in values.items():
+        figures_file.update(path, name, value)
+        print(f"{path}: {name} = {value}")
 
 
 def report(args: argparse.Namespace, torch_only: Memory, baseline: Memory, model: int, shards: dict[int, int],

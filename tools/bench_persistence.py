@@ -29,6 +29,7 @@
     python tools/bench_persistence.py snapshot
     python tools/bench_persistence.py snapshot --models mlp --rounds 50 --clients 1000
     python tools/bench_persistence.py growth                         # rounds 10 vs 1,000
+    python tools/bench_persistence.py growth --figures docs/figures.toml   # and update the figures file
     python tools/bench_persistence.py overhead                       # mlp, K = 10, 5 federations per setting
     python tools/bench_persistence.py overhead --models mlp cifar_cnn --fsync
     python tools/bench_persistence.py restart                        # K = 10, 3 restarts
@@ -157,6 +158,20 @@ def bench_growth(args: argparse.Namespace) -> None:
         early, late = around(10 + window // 2), around(args.rounds + 1)
         print(f"snapshot {what} time around round 10: {early * 1000:.3f} ms; around round {args.rounds + 1}: "
               f"{late * 1000:.3f} ms; ratio {late / early:.2f} (goal <= 1.5)")
+        if what == "CPU" and args.figures is not None:
+            update_figures(args.figures, {"snapshot_cpu_early": f"{early * 1000:.3f}",
+                                          "snapshot_cpu_late": f"{late * 1000:.3f}"})
+
+
+def update_figures(path: Path, values: dict[str, str]) -> None:
+    """Write ``values`` (figure name -> value) into the figures file ``path`` (docs/figures.toml), dated today."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tools import figures as figures_file
+
+    for name, value in values.items():
+        figures_file.update(path, name, value)
+        print(f"{path}: {name} = {value}")
 
 
 # ---- overhead: a live federation with persistence on vs off ----
@@ -510,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     grow.add_argument("--window", type=int, default=10, help="rounds whose median is reported at each end")
     grow.add_argument("--fsync", action="store_true", help="persistence.fsync on")
     grow.add_argument("--dir", default=None, help="where the temp run dir goes (default: the system temp dir)")
+    grow.add_argument("--figures", type=Path, metavar="PATH", default=None,
+                      help="write the CPU per snapshot around round 10 and the last round into this figures file "
+                           "(docs/figures.toml: snapshot_cpu_early, snapshot_cpu_late)")
     grow.set_defaults(func=bench_growth)
     over = sub.add_parser("overhead", help="per-round overhead of persistence in a live federation (on vs off)")
     over.add_argument("--models", nargs="+", default=["mlp"],

@@ -12,6 +12,11 @@ their lines (issue 30, item 2; the commands docs/benchmarks.md gives):
 
     python tools/bench_targets.py --minutes 60 --every 180     # a sample of both cases every 3 minutes for an hour
     python tools/bench_targets.py --samples 1                  # one of each, now
+    python tools/bench_targets.py --minutes 50 --every 180 --figures docs/figures.toml   # and update the figures
+
+With ``--figures PATH`` the min–max over the samples becomes the current value (dated today) of the figures
+``round_overhead_k10`` (k10's round), ``fleet_1000_round`` and ``fleet_1000_server_cpu`` in that file
+(tools/figures.py); ``tests/unit/test_figures.py`` then names every page still quoting the old value.
 
 The figures are :data:`tools.bench_pair.FIGURES` (the same parsing). Run it on an otherwise idle machine: a test
 suite or a build beside it is a slow spell of its own making.
@@ -32,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tools import figures as figures_file  # noqa: E402
 from tools.bench_pair import FIGURES, figures  # noqa: E402
 
 
@@ -118,6 +124,24 @@ def sample_loop(samples: int, every_s: float, deadline: float | None,
     return taken
 
 
+# docs/figures.toml entries this tool measures: name -> (case, figure, format of each end of the range).
+FIGURE_ENTRIES: dict[str, tuple[str, str, str]] = {
+    "round_overhead_k10": ("k10", "round_s", "{:.4f}"),
+    "fleet_1000_round": ("fleet", "round_s", "{:.3f}"),
+    "fleet_1000_server_cpu": ("fleet", "server_ms_per_cr", "{:.3f}"),
+}
+
+
+def figure_values(samples: Sequence[Sample]) -> dict[str, str]:
+    """The figures-file values (min–max over the samples) of :data:`FIGURE_ENTRIES` the samples have."""
+    out = {}
+    for name, (case, figure, fmt) in FIGURE_ENTRIES.items():
+        values = [s.figures[figure] for s in samples if s.case == case and figure in s.figures]
+        if values:
+            out[name] = figures_file.span(values, fmt)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=None, help="start no sample after this long (default: none)")
@@ -127,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                               "many as --minutes allows, else 1)")
     ap.add_argument("--case", choices=[c.name for c in CASES], action="append",
                     help="only this case (repeatable; default: both)")
+    ap.add_argument("--figures", type=Path, metavar="PATH",
+                    help="update this figures file (docs/figures.toml) with the samples' min–max")
     a = ap.parse_args(argv)
     if a.every <= 0:
         ap.error("--every: more than 0 seconds")
@@ -143,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 1
     print(summary(taken, cases))
+    if a.figures is not None:
+        for name, value in figure_values(taken).items():
+            figures_file.update(a.figures, name, value)
+            print(f"{a.figures}: {name} = {value}")
     return 0
 
 
