@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fedcore import buffered
 from fedcore.adaptive_clip import AdaptiveClipConfig
 from fedcore.aggregation.config import AggregationConfig, build_rule
 from fedcore.attacks.config import AttackConfig, SimulationHarnessConfig
@@ -370,6 +371,18 @@ def validate_server_config(c: ServerConfig) -> None:
     require(r.round_timeout_s > 0, "rounds.round_timeout_s", f"must be > 0, got {r.round_timeout_s}")
     require(r.sampling_timeout_s > 0, "rounds.sampling_timeout_s", f"must be > 0, got {r.sampling_timeout_s}")
     require(r.seed >= 0, "rounds.seed", f"must be >= 0, got {r.seed}")
+    buffered.validate(r.mode, r.concurrency, r.max_staleness, r.staleness, r.staleness_a, r.staleness_b,
+                      r.clients_per_round)
+    if r.buffered:
+        require(not c.distfl.enabled, "rounds.mode", "buffered rounds do not support distfl.enabled (clusters are "
+                                                     "formed per synchronous round)")
+        require(c.aggregation.secure == "off", "rounds.mode", "buffered rounds do not support aggregation.secure (the "
+                                                         "masks bind a round's selected devices)")
+        require(not c.simulation_harness.full_knowledge_adversary, "rounds.mode",
+                "buffered rounds do not support simulation_harness.full_knowledge_adversary")
+    else:
+        require(not r.replay, "rounds.replay", "replays an arrival log of buffered rounds: set rounds.mode = "
+                                               "\"buffered\"")
     validate_training_config(t)
     require(bool(c.model.name), "model.name", "must not be empty")
     check_model_kwargs(c.model.name, c.model.kwargs, "model.kwargs")  # a registered model's, by its options

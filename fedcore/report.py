@@ -93,6 +93,14 @@ class RoundReport:
     # The update bytes the server took this round: the tensor payload (UpdateHeader.total_bytes) of every accepted
     # update, whatever its kind (weights, a compressed update, a masked input; headers and framing not counted).
     bytes_received: int = 0
+    # Wall seconds from the server's start (this process's: a resumed server counts from its restart) to this
+    # round's report: time-to-accuracy reads it.
+    wall_seconds: float = NAN
+    # Buffered rounds (rounds.mode = "buffered"): the spread of the buffer's staleness (rounds between the model
+    # each update was trained from and this round); NaN in sync rounds.
+    staleness_min: float = NAN
+    staleness_mean: float = NAN
+    staleness_max: float = NAN
 
     def to_dict(self) -> dict[str, Any]:
         """The ``rounds.jsonl`` row; NaN stays a float here: :func:`fedcore.jsonio.dumps` writes it as ``null``.

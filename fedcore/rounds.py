@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from fedcore import buffered as bf
+
 
 @dataclass
 class RoundsConfig:
@@ -45,6 +47,26 @@ class RoundsConfig:
     sampling_timeout_s: float = 300.0
     # Seed of every server draw (selection by seed, round and attempt; DP noise; the initial model).
     seed: int = 0
+    # "sync": each round selects clients and waits for K of their updates; "buffered" (FedBuff, docs/buffered.md):
+    # concurrency devices train at once, each handed the current model when it is free, and every
+    # clients_per_round updates that arrive form a round (a buffer), stale ones down-weighted.
+    mode: str = "sync"
+    # buffered: devices training at once (0: 2 x clients_per_round).
+    concurrency: int = 0
+    # buffered: an update trained from a model more than this many rounds older than the buffer it arrives in is
+    # refused (the reason names this field).
+    max_staleness: int = 10
+    # buffered: the staleness weight w(s) an update s rounds stale is scaled by before it is aggregated:
+    # "polynomial" (1 + s)^-staleness_a (FedBuff's 1/sqrt(1 + s) with a = 0.5), "constant" (1), or "hinge"
+    # (1 up to s = staleness_b, then 1/(staleness_a (s - staleness_b) + 1)).
+    staleness: str = "polynomial"
+    # buffered: the staleness weight's a (polynomial: the exponent; hinge: the slope after staleness_b).
+    staleness_a: float = 0.5
+    # buffered: the hinge's b (rounds of staleness that count fully).
+    staleness_b: float = 0.0
+    # buffered: the arrival log (arrivals.jsonl) of an earlier run of this configuration to follow, so that the
+    # run's models are bit-identical to that run's ("": off; docs/buffered.md, "Replay").
+    replay: str = ""
 
     @property
     def effective_min_updates(self) -> int:
@@ -57,6 +79,14 @@ class RoundsConfig:
     @property
     def num_selected(self) -> int:
         return math.ceil(self.clients_per_round * self.over_select)
+
+    @property
+    def buffered(self) -> bool:
+        return self.mode == bf.BUFFERED
+
+    @property
+    def effective_concurrency(self) -> int:
+        return self.concurrency or 2 * self.clients_per_round
 
 
 SAMPLING, TRAINING, AGGREGATING, FINISHED = "sampling", "training", "aggregating", "finished"
@@ -134,13 +164,17 @@ class RoundState:
     # last (a 1,000-client fleet's is ~0.25 ms of JSON a round). Code outside ``step_in_place`` that changes a record's
     # saved fields must add one.
     registry_version: int = field(default=0, compare=False, repr=False)
+    # Buffered rounds (rounds.mode = "buffered"): the tasks in flight and the buffer (:mod:`fedcore.buffered`);
+    # None in sync mode (and then not saved at all).
+    buffered: bf.BufferState | None = None
 
     def _plain(self) -> dict[str, Any]:
         """Every saved field but ``clients``, as plain data (the lists and dicts copied)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.name not in DERIVED_FIELDS and f.name != "clients"}
+             if f.name not in DERIVED_FIELDS and f.name not in ("clients", "buffered")}
         d["selected"], d["accepted"], d["rejected"] = list(self.selected), list(self.accepted), dict(self.rejected)
         d["declined"] = list(self.declined)
+        d["buffered"] = self.buffered.to_dict() if self.buffered is not None else None
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,6 +207,8 @@ class RoundState:
         d = dict(d)
         for name in DERIVED_FIELDS:
             d.pop(name, None)
+        if d.get("buffered") is not None:
+            d["buffered"] = bf.BufferState.from_dict(d["buffered"])
         clients = d.get("clients", {})
         if isinstance(clients, dict):
             d["clients"] = {k: ClientRecord(**v) for k, v in clients.items()}
@@ -312,8 +348,26 @@ class AttemptFailed:
     now: float
 
 
+@dataclass(frozen=True)
+class Pulled:
+    """Buffered rounds: the client asked for a task. A device pulls only when it is free, so a task it still holds
+    was abandoned (a dropout that came back): it is released, and the client may be granted the current model."""
+
+    client_id: str
+    now: float
+
+
+@dataclass(frozen=True)
+class TaskDelivered:
+    """Buffered rounds: the granted task of ``client_id`` (round ``round``'s model) was sent to it."""
+
+    client_id: str
+    round: int
+    now: float
+
+
 Observation = (Joined | Seen | Polled | Declined | Left | Tick | UpdateAccepted | UpdateRejected | Aggregated
-               | AggregationFailed | AttemptFailed)
+               | AggregationFailed | AttemptFailed | Pulled | TaskDelivered)
 
 
 # ---- events ----
@@ -356,7 +410,35 @@ class FederationFinished:
     outcome: str
 
 
-Event = RoundStarted | RoundClosed | RoundAbandoned | ClientDropped | FederationFinished
+@dataclass(frozen=True)
+class TasksGranted:
+    """Buffered rounds: these clients may fetch round ``round``'s model now (the shell wakes their polls)."""
+
+    round: int
+    clients: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TaskHanded:
+    """Buffered rounds: a task left (the arrival log's ``hand`` line)."""
+
+    client_id: str
+    round: int
+
+
+@dataclass(frozen=True)
+class UpdateBuffered:
+    """Buffered rounds: an update trained from round ``base``'s model entered round ``round``'s buffer as its
+    ``seq``-th arrival of the federation (the arrival log's ``arrive`` line)."""
+
+    client_id: str
+    base: int
+    round: int
+    seq: int
+
+
+Event = (RoundStarted | RoundClosed | RoundAbandoned | ClientDropped | FederationFinished | TasksGranted | TaskHanded
+         | UpdateBuffered)
 
 
 @dataclass(frozen=True)
@@ -372,6 +454,8 @@ class Limits:
 
     heartbeat_patience_s: float
     poll_grace_s: float = 0.0
+    # Buffered rounds replaying an arrival log (rounds.replay): the order to follow (None: timing decides).
+    replay: bf.ReplaySchedule | None = None
 
 
 def select_clients(available: list[str], n: int, seed: int, round_: int, attempt: int) -> list[str]:
@@ -457,6 +541,8 @@ def step_in_place(state: RoundState, obs: Observation, config: RoundsConfig, lim
     contact from one client does not grow with the size of the fleet.
     """
     s = state
+    if config.mode == bf.BUFFERED:
+        return s, _step_buffered(s, obs, config, limits)
     # A contact from a client that was already alive (and, for a poll, already ready) changes nothing a waiting
     # round could start on; time-driven transitions come with Tick. Skipping the round's re-evaluation keeps a contact
     # O(1) in the size of the fleet (a thousand parked clients would otherwise be counted on every poll), and
@@ -468,32 +554,8 @@ def step_in_place(state: RoundState, obs: Observation, config: RoundsConfig, lim
     events: list[Event] = []
     touched = getattr(obs, "client_id", None) if isinstance(obs, Joined | Seen | Polled | Declined | Left) else None
     before = _standing(s, touched)
-    if isinstance(obs, Joined):
-        rec = s.clients.get(obs.client_id)
-        if rec is None:
-            rec = ClientRecord(obs.client_id, index=len(s.clients))
-            s.clients[obs.client_id] = rec
-            s.registry_version += 1
-        if (rec.num_samples, rec.opt_out, rec.attacker) != (obs.num_samples, obs.opt_out, obs.attacker):
-            rec.num_samples, rec.opt_out, rec.attacker = obs.num_samples, obs.opt_out, obs.attacker
-            s.registry_version += 1
-        rec.last_seen, rec.alive = obs.now, True
-    elif isinstance(obs, Seen | Polled):
-        rec = s.clients.get(obs.client_id)
-        if rec is not None:
-            rec.last_seen, rec.alive = obs.now, True
-            rec.ready = rec.ready or isinstance(obs, Polled)
-    elif isinstance(obs, Declined):
-        rec = s.clients.get(obs.client_id)
-        if rec is not None:
-            rec.last_seen, rec.alive, rec.ready = obs.now, True, False
-            if (s.phase == TRAINING and obs.client_id in s.selected and obs.client_id not in s.accepted
-                    and obs.client_id not in s.rejected and obs.client_id not in s.declined):
-                s.declined.append(obs.client_id)
-    elif isinstance(obs, Left):
-        rec = s.clients.get(obs.client_id)
-        if rec is not None:
-            rec.alive = False
+    if isinstance(obs, Joined | Seen | Polled | Declined | Left):
+        _contact(s, obs)
     elif isinstance(obs, UpdateAccepted):
         if admission(s, obs.client_id, obs.round) is None:
             s.accepted.append(obs.client_id)
@@ -520,6 +582,36 @@ def step_in_place(state: RoundState, obs: Observation, config: RoundsConfig, lim
     else:  # a quiet contact with nothing due returned above
         _advance(s, obs.now, config, limits, events)
     return s, events
+
+
+def _contact(s: RoundState, obs: Joined | Seen | Polled | Declined | Left) -> None:
+    """A client's record after it joined, was heard from, declined or left."""
+    if isinstance(obs, Joined):
+        rec = s.clients.get(obs.client_id)
+        if rec is None:
+            rec = ClientRecord(obs.client_id, index=len(s.clients))
+            s.clients[obs.client_id] = rec
+            s.registry_version += 1
+        if (rec.num_samples, rec.opt_out, rec.attacker) != (obs.num_samples, obs.opt_out, obs.attacker):
+            rec.num_samples, rec.opt_out, rec.attacker = obs.num_samples, obs.opt_out, obs.attacker
+            s.registry_version += 1
+        rec.last_seen, rec.alive = obs.now, True
+    elif isinstance(obs, Seen | Polled):
+        rec = s.clients.get(obs.client_id)
+        if rec is not None:
+            rec.last_seen, rec.alive = obs.now, True
+            rec.ready = rec.ready or isinstance(obs, Polled)
+    elif isinstance(obs, Declined):
+        rec = s.clients.get(obs.client_id)
+        if rec is not None:
+            rec.last_seen, rec.alive, rec.ready = obs.now, True, False
+            if (s.phase == TRAINING and obs.client_id in s.selected and obs.client_id not in s.accepted
+                    and obs.client_id not in s.rejected and obs.client_id not in s.declined):
+                s.declined.append(obs.client_id)
+    else:
+        rec = s.clients.get(obs.client_id)
+        if rec is not None:
+            rec.alive = False
 
 
 def _fails_attempt(s: RoundState, obs: AggregationFailed | AttemptFailed) -> bool:
@@ -584,20 +676,7 @@ def _to_sampling(s: RoundState, now: float) -> None:
 def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, events: list[Event],
              check_liveness: bool = False, connected: frozenset[str] = frozenset()) -> None:
     if check_liveness:
-        # A client silent past its patience leaves the available pool until it re-joins.
-        for cid in connected:
-            if cid in s.clients:
-                s.clients[cid].last_seen = now
-        grace = limits.poll_grace_s
-        selected = set(s.selected) if grace and s.phase != SAMPLING else set()
-        s.counts = None  # many records may change: counted afresh below
-        for cid in sorted(s.clients):
-            rec = s.clients[cid]
-            if rec.alive and now - rec.last_seen > limits.heartbeat_patience_s:
-                rec.alive = False
-                events.append(ClientDropped(cid, now - rec.last_seen))
-            elif grace and rec.ready and now - rec.last_seen > grace and cid not in selected:
-                rec.ready = False
+        _liveness(s, now, limits, events, connected)
     if s.phase == SAMPLING:
         available = s.alive_and_available()[1]
         if available >= config.effective_min_available:
@@ -642,6 +721,26 @@ def _advance(s: RoundState, now: float, config: RoundsConfig, limits: Limits, ev
                 s.attempt += 1
                 _to_sampling(s, now)
                 _advance(s, now, config, limits, events)
+
+
+def _liveness(s: RoundState, now: float, limits: Limits, events: list[Event], connected: frozenset[str],
+              busy: set[str] | None = None) -> None:
+    """A client silent past its patience leaves the available pool until it re-joins; with a poll grace, a ready
+    client silent past it that is not ``busy`` (selected in the running round) must poll again."""
+    for cid in connected:
+        if cid in s.clients:
+            s.clients[cid].last_seen = now
+    grace = limits.poll_grace_s
+    if busy is None:
+        busy = set(s.selected) if grace and s.phase != SAMPLING else set()
+    s.counts = None  # many records may change: counted afresh below
+    for cid in sorted(s.clients):
+        rec = s.clients[cid]
+        if rec.alive and now - rec.last_seen > limits.heartbeat_patience_s:
+            rec.alive = False
+            events.append(ClientDropped(cid, now - rec.last_seen))
+        elif grace and rec.ready and now - rec.last_seen > grace and cid not in busy:
+            rec.ready = False
 
 
 def start_needs(s: RoundState, config: RoundsConfig) -> int:
@@ -698,4 +797,164 @@ def resume(state: RoundState, completed_rounds: int, config: RoundsConfig, now: 
     s.deadline = 0.0
     s.selected, s.accepted, s.rejected, s.rejected_in_round = [], [], {}, 0
     s.declined = []
+    return s
+
+
+# ---- buffered rounds (rounds.mode = "buffered"; fedcore.buffered holds the bookkeeping) ----
+
+def buffer_of(s: RoundState) -> bf.BufferState:
+    """The buffered rounds' state of ``s`` (made on first use)."""
+    if s.buffered is None:
+        s.buffered = bf.BufferState()
+    return s.buffered
+
+
+def buffered_admission(s: RoundState, client_id: str, base: int, config: RoundsConfig,
+                       limits: Limits) -> tuple[str, str] | None:
+    """Why round ``s.round``'s buffer cannot take an update of ``client_id`` trained from round ``base``'s model,
+    as ``(code, reason)`` (:data:`fedcore.buffered.RETRY`: send it again), or None."""
+    return bf.admission(buffer_of(s), client_id, base, s.round, s.phase == AGGREGATING, s.phase == FINISHED,
+                        config.max_staleness, limits.replay)
+
+
+def _step_buffered(s: RoundState, obs: Observation, config: RoundsConfig, limits: Limits) -> list[Event]:
+    """:func:`step_in_place` of buffered rounds. Phases: ``sampling`` until ``min_available`` clients are ready
+    (once), then ``training`` (filling round ``s.round``'s buffer: ``s.accepted``; ``s.selected`` lists the tasks
+    granted while it filled) -> ``aggregating`` (M updates arrived) -> ``training`` of the next round, ...,
+    ``finished``. Devices in flight keep training across buffers."""
+    b = buffer_of(s)
+    events: list[Event] = []
+    s.counts = None  # a buffered fleet is counted afresh (its observations are few per task)
+    replay = limits.replay
+    if isinstance(obs, Joined | Seen | Polled | Declined | Left):
+        _contact(s, obs)
+        if isinstance(obs, Declined | Left):
+            b.free(obs.client_id)
+    elif isinstance(obs, Pulled):
+        _contact(s, Polled(obs.client_id, obs.now))
+        if obs.client_id in b.flight and obs.client_id not in b.undelivered:
+            b.free(obs.client_id)  # it pulls, so it is free: the task it held was abandoned
+    elif isinstance(obs, TaskDelivered):
+        if b.flight.get(obs.client_id) == obs.round == s.round and obs.client_id in b.undelivered:
+            b.undelivered.remove(obs.client_id)
+            b.delivered_at[obs.client_id] = obs.now
+            b.delivered += 1
+            if replay is not None:
+                b.replayed[obs.client_id] = b.replayed.get(obs.client_id, 0) + 1
+            events.append(TaskHanded(obs.client_id, obs.round))
+    elif isinstance(obs, UpdateAccepted):
+        base = b.flight.get(obs.client_id)
+        if s.phase == TRAINING and base == obs.round and obs.client_id not in b.undelivered:
+            b.free(obs.client_id)
+            s.accepted.append(obs.client_id)
+            b.buffer.append([obs.client_id, obs.round])
+            b.arrivals += 1
+            events.append(UpdateBuffered(obs.client_id, obs.round, s.round, b.arrivals))
+            rec = s.clients.get(obs.client_id)
+            if rec is not None:
+                rec.last_seen = obs.now
+    elif isinstance(obs, UpdateRejected):
+        s.rejected_total += 1
+        s.rejected_in_round += 1
+        if b.flight.get(obs.client_id) == obs.round:
+            b.free(obs.client_id)
+            s.late_total += obs.round < s.round
+    elif isinstance(obs, Aggregated) and s.phase == AGGREGATING and obs.round == s.round:
+        if obs.finish or s.round >= config.num_rounds:
+            s.phase, s.outcome, s.phase_since = FINISHED, obs.finish or "completed", obs.now
+            events.append(FederationFinished(s.round, s.outcome))
+            return events
+        s.round, s.attempt = s.round + 1, 0
+        _open_buffer(s, b, obs.now, config, events)
+    elif isinstance(obs, AggregationFailed) and s.phase == AGGREGATING and obs.round == s.round:
+        events.append(RoundAbandoned(s.round, s.attempt, len(s.accepted), config.clients_per_round, obs.reason))
+        s.attempt += 1
+        _open_buffer(s, b, obs.now, config, events)
+    elif isinstance(obs, Tick):
+        if obs.liveness:
+            _liveness(s, obs.now, limits, events, obs.connected, busy=set(b.flight))
+            for ev in events:
+                if isinstance(ev, ClientDropped):
+                    b.free(ev.client_id)
+        if replay is None:
+            for cid in b.expired(obs.now, config.round_timeout_s):  # not waited for any more
+                b.free(cid)
+    _advance_buffered(s, b, obs.now, config, limits, events)
+    return events
+
+
+def _open_buffer(s: RoundState, b: bf.BufferState, now: float, config: RoundsConfig, events: list[Event]) -> None:
+    """Round ``s.round``'s buffer opens (empty); tasks granted and not fetched yet will carry its model."""
+    s.phase, s.phase_since = TRAINING, now
+    s.deadline = now + config.round_timeout_s
+    s.selected, s.accepted, s.rejected, s.rejected_in_round, s.declined = [], [], {}, 0, []
+    b.buffer, b.delivered = [], 0
+    b.rebase(s.round)
+    events.append(RoundStarted(s.round, s.attempt, tuple(b.undelivered), s.deadline))
+
+
+def _advance_buffered(s: RoundState, b: bf.BufferState, now: float, config: RoundsConfig, limits: Limits,
+                      events: list[Event]) -> None:
+    if s.phase == SAMPLING:
+        available = s.alive_and_available()[1]
+        if available >= config.effective_min_available:
+            s.assembled = True
+        if s.assembled or (now - s.phase_since >= config.sampling_timeout_s and available >= 1):
+            _open_buffer(s, b, now, config, events)
+        elif now - s.phase_since >= config.sampling_timeout_s:
+            s.phase, s.outcome, s.phase_since = FINISHED, "stalled", now
+            events.append(FederationFinished(s.round - 1, s.outcome))
+            return
+    if s.phase != TRAINING:
+        return
+    replay = limits.replay
+    if replay is not None:  # the logged buffer: its arrivals all in, and every task logged in it delivered
+        if (len(b.buffer) == len(replay.arrivals.get(s.round, ()))
+                and b.delivered >= replay.hands_in.get(s.round, 0)):
+            _close(s, now, "replayed", events)
+            return
+    elif len(s.accepted) >= config.clients_per_round:
+        _close(s, now, "buffer_full", events)
+        return
+    _grant(s, b, now, config, replay, events)
+
+
+def _grant(s: RoundState, b: bf.BufferState, now: float, config: RoundsConfig, replay: bf.ReplaySchedule | None,
+           events: list[Event]) -> None:
+    """Fill the free slots: a seeded uniform draw among the ready clients holding no task and not in this buffer
+    (replaying: the clients whose next logged task is from this round)."""
+    busy = set(b.flight)
+    busy.update(s.accepted)
+    if replay is not None:
+        pick = [c for c in s.available_ids()
+                if c not in busy and replay.next_hand(c, b.replayed.get(c, 0)) == s.round]
+    else:
+        need = config.effective_concurrency - len(b.flight)
+        if need <= 0:
+            return
+        free = [c for c in s.available_ids() if c not in busy]
+        if not free:
+            return
+        pick = select_clients(free, need, config.seed, s.round, 1000 + b.hands)
+    if not pick:
+        return
+    b.hands += 1
+    for c in pick:
+        b.grant(c, s.round)
+        s.selected.append(c)
+    events.append(TasksGranted(s.round, tuple(pick)))
+
+
+def resume_buffered(s: RoundState, completed_rounds: int, config: RoundsConfig, now: float) -> RoundState:
+    """:func:`resume` of buffered rounds: the snapshot's round machine with its tasks in flight kept (their devices
+    may still deliver, against the versions saved with them); a buffer being filled is filled again from empty
+    (its arrivals since the snapshot are lost; their devices' updates are refused, and they pull again)."""
+    b = buffer_of(s)
+    flight = dict(b.flight)
+    s = resume(s, completed_rounds, config, now)
+    b.flight = {c: r for c, r in flight.items() if c not in b.undelivered}
+    b.undelivered = []
+    b.delivered_at = dict.fromkeys(b.flight, now)
+    b.buffer = []
+    s.buffered = b
     return s

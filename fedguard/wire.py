@@ -336,7 +336,8 @@ FEDERATION_OUTCOMES = StatusCode({"completed": pb.FEDERATION_OUTCOME_COMPLETED,
                                   "stalled": pb.FEDERATION_OUTCOME_STALLED,
                                   "dp_budget": pb.FEDERATION_OUTCOME_DP_BUDGET})
 ROUND_OUTCOMES = StatusCode({"quorum": pb.ROUND_OUTCOME_QUORUM, "all_responded": pb.ROUND_OUTCOME_ALL_RESPONDED,
-                             "deadline": pb.ROUND_OUTCOME_DEADLINE})
+                             "deadline": pb.ROUND_OUTCOME_DEADLINE, "buffer_full": pb.ROUND_OUTCOME_BUFFER_FULL,
+                             "replayed": pb.ROUND_OUTCOME_REPLAYED})
 NFL_STATES = StatusCode({"off": pb.NFL_STATE_OFF, "always": pb.NFL_STATE_ALWAYS, "watching": pb.NFL_STATE_WATCHING,
                          "reported": pb.NFL_STATE_REPORTED})
 NFL_MODES = StatusCode({"detect-and-recover": pb.NFL_MODE_DETECT_AND_RECOVER,

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from fedcore import rounds as rm
+from fedcore.buffered import ReplaySchedule
 from fedcore.config import (
     ConfigError,
     ServerConfig,
@@ -42,6 +43,7 @@ from fedcore.preflight import check_aggregation_memory
 from fedcore.report import DistflStatus, FederationStatus, RoundReport
 from fedcore.serialization import TensorMeta
 from fedcore.train import resolve_device
+from fedserver.buffered_rounds import ArrivalLog, ModelVersions, is_version
 from fedserver.clusters import ClusterShell
 from fedserver.clusters import check_model as check_distfl_model
 from fedserver.dispatch import Task, TaskDispatcher
@@ -94,7 +96,8 @@ class Coordinator:
         self.manifest: list[TensorMeta] = self.models.manifest
         check_aggregation_memory(config, self.models.num_params)
         self.limits = rm.Limits(heartbeat_patience_s=config.server.heartbeat_patience_s,
-                                poll_grace_s=config.server.poll_grace_s)
+                                poll_grace_s=config.server.poll_grace_s,
+                                replay=ReplaySchedule.load(config.rounds.replay) if config.rounds.replay else None)
         # min_updates resolved against the aggregation rule: what the round machine runs
         self.rounds = resolved_rounds(config)
         self.state = rm.RoundState(phase_since=clock())
@@ -121,7 +124,7 @@ class Coordinator:
         check_distfl_model(config, model)
         self.clusters = ClusterShell(config, self.models, model, evaluation_device(config))
         self.dispatch = TaskDispatcher(self.models, config.training, lambda: self.nfl.recovery,
-                                       self.clusters.model_id_for)
+                                       self.clusters.model_id_for, config.rounds.round_timeout_s)
         # The critical path of every round (fedserver.round_timing): the rounds.jsonl row's timing_seconds.
         self.timing = RoundTimer()
         self.polls = LongPolls(config.server, self.members, self.dispatch, state, self.observe, stopping, clock,
@@ -135,12 +138,15 @@ class Coordinator:
         self.secure = SecureRounds(config, self.models.num_params, clock, self.log, session_bound, self.observe)
         self.intake = UpdateIntake(config, self.models, state, self.observe, clock, self.dispatch.model_id_for,
                                    self.clusters.make_buffer if self.clusters.enabled else None,
-                                   self.pipeline.round_aggregation, self.secure)
+                                   self.pipeline.round_aggregation, self.secure, self.limits)
         self.uploads = UploadGate(self.members, self.intake, stopping, self.timing)
         eval_model = model.to(evaluation_device(config)) if config.evaluation.central else None
         offload = Offload()  # the round close's blocking steps: a worker thread, or the loop when short
         finalizer = RoundFinalizer(config, self.models, eval_model, clock, offload)
         harness = AdversaryHarness(config)  # simulation only; does nothing unless turned on
+        # Buffered rounds: the versions devices in flight train from, the arrival log (fedserver.buffered_rounds).
+        self.versions = ModelVersions(self.models) if config.rounds.buffered else None
+        self.arrivals = ArrivalLog(self.run_dir) if config.rounds.buffered else None
         self.closer = RoundCloser(self.intake, self.clusters, harness, finalizer, self.persistence, self.history,
                                   state, lambda: DP_BUDGET if self.dp.stop_required else "", clock, self.log,
                                   self.pipeline, self.timing, offload, self.secure)
@@ -170,6 +176,10 @@ class Coordinator:
             self.state, self.resumed_from = restored.round_state, restored.completed_rounds
             self.history[:] = restored.history
             self.dispatch.invalidate()
+            if self.arrivals is not None:  # the buffer lost with the last process leaves the arrival log too
+                dropped = self.arrivals.resumed(self.resumed_from)
+                if dropped:
+                    self.log.info("arrivals.rewound", completed_rounds=self.resumed_from, lines_dropped=dropped)
             if self.dp.stop_required and self.state.phase != rm.FINISHED:  # the privacy budget is spent
                 self.state.phase, self.state.outcome, self.state.round = rm.FINISHED, DP_BUDGET, self.resumed_from
         self.log.info("federation.started", federation_id=self.config.server.federation_id,
@@ -188,6 +198,8 @@ class Coordinator:
         for ev in events:
             if isinstance(ev, rm.RoundStarted):
                 self._notify(ev.selected)
+            elif isinstance(ev, rm.TasksGranted):
+                self._notify(ev.clients)
             elif isinstance(ev, rm.FederationFinished):
                 self._notify()
 
@@ -198,7 +210,15 @@ class Coordinator:
         self.polls.wake(clients)
 
     def _on_event(self, ev: rm.Event) -> None:
+        if isinstance(ev, rm.TaskHanded | rm.UpdateBuffered | rm.TasksGranted):  # buffered rounds
+            if self.arrivals is not None:
+                self.arrivals.write(ev)
+            if self.versions is not None and isinstance(ev, rm.UpdateBuffered):
+                self.versions.prune(self.state)
+            return
         if isinstance(ev, rm.RoundStarted):
+            if self.versions is not None:
+                self.versions.opened(ev.round, self.state)
             self.intake.open_round(ev.round, ev.attempt, len(ev.selected), self.clock())
             self.secure.open(ev.round, ev.attempt, ev.selected)
             self.timing.started(ev.round, ev.attempt, len(ev.selected))
@@ -226,6 +246,7 @@ class Coordinator:
                           reason="nothing to run; start over with --fresh")
             self._finish(self.state.completed_rounds, self.state.outcome)
         self.timing.sampling()
+        self.closer.started_at = self.clock()  # the rows' wall_seconds count from here
         self.observe(rm.Tick(self.clock()))
         # Liveness (O(N): every client's silence, the connected set) a few times per patience and grace, not on
         # every wake-up: a round start wakes the loop K times a second in a busy fleet.
@@ -275,6 +296,10 @@ class Coordinator:
             self.persistence.progress(self.state)
 
     def _finish(self, rounds: int, outcome: str) -> None:
+        if self.versions is not None:  # buffered rounds: no device trains from a kept version any more
+            for model_id in self.models.ids():
+                if is_version(model_id):
+                    self.models.drop(model_id)
         path = write_final_models(self.config, self.models, rounds, self.log)
         if outcome == "stalled":
             s = self.state
@@ -288,6 +313,8 @@ class Coordinator:
 
     def close(self) -> None:
         self.persistence.close()
+        if self.arrivals is not None:
+            self.arrivals.close()
 
     @property
     def finished(self) -> bool:

@@ -41,11 +41,12 @@ class WaitInfo:
 class TaskDispatcher:
     def __init__(self, models: GlobalModels, training: TrainingConfig,
                  recovery: Callable[[], bool] = lambda: False,
-                 model_id_for: Callable[[str], str] = lambda client_id: GLOBAL) -> None:
+                 model_id_for: Callable[[str], str] = lambda client_id: GLOBAL, timeout_s: float = 0.0) -> None:
         self.models = models
         self.training = training
         self._recovery = recovery  # the NFL monitor's flag: every task of the round carries it
         self._model_id_for = model_id_for  # DistFL's cluster membership (fedserver.clusters)
+        self.timeout_s = timeout_s  # buffered rounds: a delivered task's deadline (rounds.round_timeout_s)
         self._cache: dict[str, tuple[int, list[TensorMeta], bytearray]] = {}
         # The current attempt's selected ids as a set (a list test would cost O(K) per pull: 30 µs at K = 1,000).
         self._selected: tuple[tuple[int, int, int], frozenset[str]] = ((0, 0, 0), frozenset())
@@ -62,11 +63,19 @@ class TaskDispatcher:
         s = state
         if s.phase != rm.TRAINING:
             return None
+        if s.buffered is not None:  # buffered rounds: a task granted and not fetched yet carries the current model
+            b = s.buffered
+            if b.flight.get(client_id) != s.round or client_id not in b.undelivered:
+                return None
+            return self._task(s, client_id, self.timeout_s)
         key = (s.round, s.attempt, id(s.selected))  # a new attempt assigns a new list
         if self._selected[0] != key:
             self._selected = (key, frozenset(s.selected))
         if client_id not in self._selected[1] or client_id in s.rejected or client_id in s.accepted:
             return None
+        return self._task(s, client_id, max(0.0, s.deadline - now))
+
+    def _task(self, s: rm.RoundState, client_id: str, deadline_s: float) -> Task:
         model_id = self.model_id_for(client_id)
         cached = self._cache.get(model_id)
         if cached is None or cached[0] != s.round:
@@ -74,7 +83,7 @@ class TaskDispatcher:
             cached = (s.round, manifest, payload)
             self._cache[model_id] = cached
         _, manifest, payload = cached
-        return Task(s.round, max(0.0, s.deadline - now), manifest, payload, self.learning_rate(s.round), model_id,
+        return Task(s.round, deadline_s, manifest, payload, self.learning_rate(s.round), model_id,
                     self._recovery(), s.attempt)
 
     def invalidate(self) -> None:

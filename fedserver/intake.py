@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedcore import buffered as bf
 from fedcore import rounds as rm
 from fedcore.aggregation import AggregationConfig, Aggregator, make_aggregator
 from fedcore.compression.codecs import Decoder, layout
@@ -27,6 +28,7 @@ from fedcore.secagg.aggregate import NUM_EXTRAS, SecureFedAvg
 from fedcore.secagg.config import MASKED_TENSOR
 from fedcore.serialization import TensorMeta
 from fedcore.update_report import UpdateReport
+from fedserver.buffered_rounds import version_id
 from fedserver.clusters import UpdateBuffer
 from fedserver.errors import ProtocolError
 from fedserver.global_models import GlobalModels
@@ -65,6 +67,8 @@ class RoundLog:
     reports: dict[str, UpdateReport] = field(default_factory=dict)
     # The tensor payload bytes of the updates taken (RoundReport.bytes_received).
     bytes_received: int = 0
+    # Buffered rounds: each accepted update's staleness (rounds between its base model and this buffer).
+    staleness: dict[str, int] = field(default_factory=dict)
 
 
 class UpdateIntake:
@@ -73,8 +77,11 @@ class UpdateIntake:
                  model_id_for: Callable[[str], str],
                  keep_updates: Callable[[Aggregator], UpdateBuffer] | None = None,
                  round_aggregation: Callable[[AggregationConfig], RoundAggregation] | None = None,
-                 secure: SecureRounds | None = None) -> None:
+                 secure: SecureRounds | None = None, limits: rm.Limits | None = None) -> None:
         self.config = config
+        # Buffered rounds (rounds.mode = "buffered"): admission by the version a device trained from, staleness.
+        self._buffered = config.rounds.buffered
+        self._limits = limits if limits is not None else rm.Limits(config.server.heartbeat_patience_s)
         self.models = models
         self._state = state
         self._observe = observe
@@ -128,9 +135,14 @@ class UpdateIntake:
         the encoding the header names, which must be the announced one (``compression.kind``); a compressed update
         is a DELTA whose tensors are the encoding's layout for this model (:func:`fedcore.compression.codecs.layout`),
         so every length is known before its bytes arrive."""
-        reason = rm.admission(self._state(), client_id, round_)
-        if reason is not None:
-            self._refuse_admission(client_id, round_, reason)
+        model_id = self._model_id_for(client_id)
+        if self._buffered:  # the version the device claims it trained from is checked against its task
+            self._buffered_admission(client_id, round_)
+            model_id = version_id(round_)
+        else:
+            reason = rm.admission(self._state(), client_id, round_)
+            if reason is not None:
+                self._refuse_admission(client_id, round_, reason)
         limit = self.config.server.max_update_bytes
         if announced_bytes > limit:
             self.reject(client_id, round_, "RESOURCE_EXHAUSTED",
@@ -161,8 +173,24 @@ class UpdateIntake:
         if report.beta_hat is None and self.config.nfl.mode != OFF:
             self.log.debug("update.no_beta_hat", client_id=client_id, round=round_,
                            reason="update without beta_hat: aggregated, not counted for the NFL detector")
-        return UpdateTicket(client_id, round_, is_delta, report, self._model_id_for(client_id),
+        return UpdateTicket(client_id, round_, is_delta, report, model_id,
                             self._state().attempt, masked, compression, announced_bytes)
+
+    def _buffered_admission(self, client_id: str, base: int) -> None:
+        """Buffered rounds' admission of an update trained from round ``base``'s model (raises
+        :class:`ProtocolError`): UNAVAILABLE (not recorded: the device sends it again) while the buffer is being
+        aggregated, ALREADY_EXISTS for an update the buffer holds, else a refusal recorded with the round machine."""
+        state = self._state()
+        if state.buffered is not None and [client_id, base] in state.buffered.buffer:
+            raise ProtocolError("ALREADY_EXISTS", f"round {state.round}'s buffer already holds this update")
+        refusal = rm.buffered_admission(state, client_id, base, self.config.rounds, self._limits)
+        if refusal is None:
+            return
+        code, reason = refusal
+        if code == bf.RETRY:
+            self.log.info("update.deferred", client_id=client_id, base=base, round=state.round, reason=reason)
+            raise ProtocolError(code, reason)
+        self.reject(client_id, base, code, reason)
 
     def decoder(self, ticket: UpdateTicket) -> Decoder | None:
         """The streaming decoder of a compressed update (None for any other): it writes the decoded float32 [P]
@@ -179,6 +207,9 @@ class UpdateIntake:
     def closed(self, ticket: UpdateTicket) -> str | None:
         """Why an update being received can no longer be taken (its round or attempt is over), or None."""
         state = self._state()
+        if self._buffered:  # a buffer being aggregated defers the update at submit (UNAVAILABLE), not here
+            refusal = rm.buffered_admission(state, ticket.client_id, ticket.round, self.config.rounds, self._limits)
+            return None if refusal is None or refusal[0] == bf.RETRY else refusal[1]
         if state.attempt != ticket.attempt and state.round == ticket.round:
             return f"round {ticket.round} was restarted while the update was being received"
         return rm.admission(state, ticket.client_id, ticket.round)
@@ -187,7 +218,7 @@ class UpdateIntake:
         """Refuse an admitted update; recorded against the round only if its attempt is still the current one
         (an upload begun before the round restarted must not count against the new attempt)."""
         state = self._state()
-        if (state.round, state.attempt) != (ticket.round, ticket.attempt):
+        if not self._buffered and (state.round, state.attempt) != (ticket.round, ticket.attempt):
             self.log.warning("update.rejected", client_id=ticket.client_id, round=ticket.round, code=code,
                              reason=reason, note="admitted in an earlier attempt of the round; not recorded")
             raise ProtocolError(code, reason)
@@ -216,9 +247,12 @@ class UpdateIntake:
         fold them into the round (raises :class:`ProtocolError`). The bounds are the same for both: checked on the
         decoded update."""
         cid, round_ = ticket.client_id, ticket.round
-        reason = rm.admission(self._state(), cid, round_)
-        if reason is not None:
-            self._refuse_admission(cid, round_, reason, ticket)
+        if self._buffered:
+            self._buffered_admission(cid, round_)
+        else:
+            reason = rm.admission(self._state(), cid, round_)
+            if reason is not None:
+                self._refuse_admission(cid, round_, reason, ticket)
         if isinstance(tensors, torch.Tensor):  # a compressed update, decoded
             if ticket.compression == NONE or ticket.masked or tuple(tensors.shape) != (self.models.num_params,):
                 self.reject_ticket(ticket, "INVALID_ARGUMENT", "a decoded update for an update that is not compressed")
@@ -240,6 +274,13 @@ class UpdateIntake:
                 bad = next(k for k in self.models.float_names if not bool(torch.isfinite(tensors[k]).all()))
                 self.reject_ticket(ticket, "INVALID_ARGUMENT", f"tensor {bad!r} has non-finite values")
         assert self.aggregator is not None and self.round_log is not None
+        if self._buffered:  # FedBuff: the update scaled by its staleness weight w(s) before it is aggregated
+            r = self.config.rounds
+            staleness = self.round_log.round - round_
+            weight = bf.staleness_weight(r.staleness, staleness, r.staleness_a, r.staleness_b)
+            if weight != 1.0:
+                flat = flat * weight
+            self.round_log.staleness[cid] = staleness
         try:
             self.aggregator.add(flat, float(ticket.report.num_samples), key=cid)
         except ValueError as e:

@@ -51,13 +51,14 @@ from fedserver.store import (
 )
 
 STATE_DIR = "state"
-RUN_FILES = ("state", "rounds.jsonl", "config.json", "final_model.fgt", "final_model.safetensors", "final_model.json",
+RUN_FILES = ("state", "rounds.jsonl", "arrivals.jsonl",
+             "config.json", "final_model.fgt", "final_model.safetensors", "final_model.json",
              "final_clusters")
 # Configuration sections and fields that define the federation: a resumed run must keep them.
 IDENTITY = ("model", "data", "training", "aggregation", "rounds.seed", "rounds.clients_per_round",
-            "rounds.over_select", "nfl.mode", "nfl.detector", "server_optimizer")
+            "rounds.over_select", "rounds.mode", "nfl.mode", "nfl.detector", "server_optimizer")
 # What an identity section added later is in a run directory written before it existed.
-IDENTITY_DEFAULTS: dict[str, Any] = {"server_optimizer": {"name": "", "options": {}}}
+IDENTITY_DEFAULTS: dict[str, Any] = {"server_optimizer": {"name": "", "options": {}}, "rounds.mode": "sync"}
 
 Slot = tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], None]]
 TensorSlot = tuple[Callable[[], dict[str, torch.Tensor]], Callable[[dict[str, torch.Tensor]], None]]
@@ -303,7 +304,7 @@ def decode_snapshot(snap: Snapshot, history_rows: list[dict[str, Any]], progress
         _check_fields(state, "round_state")
         for cid, record in state.clients.items():
             _check_fields(record, f"round_state.clients[{cid!r:.40}]")
-        state = rm.resume(state, snap.completed_rounds, rounds, now)
+        state = (rm.resume_buffered if rounds.buffered else rm.resume)(state, snap.completed_rounds, rounds, now)
     except (KeyError, TypeError, ValueError) as e:
         what = f"missing {e}" if isinstance(e, KeyError) else str(e)
         raise StoreError(f"{state_dir / DB_NAME}: the snapshot of round {snap.completed_rounds} does not decode "

@@ -62,7 +62,9 @@ class LongPolls:
         cid = self.members.client_of(session)
         if declined:
             return self._declined(cid)
-        if not self._state().clients[cid].ready and not self._stopping():
+        if self._state().buffered is not None and not self._stopping():  # buffered rounds: a pull frees the device
+            self._observe(rm.Pulled(cid, self._clock()))
+        elif not self._state().clients[cid].ready and not self._stopping():
             self._observe(rm.Polled(cid, self._clock()))
         else:
             self._observe(rm.Seen(cid, self._clock()))
@@ -104,7 +106,10 @@ class LongPolls:
             task = self.dispatch.task_for(self._state(), cid, self._clock())
             if task is not None:
                 self.log.debug("task.sent", client_id=cid, round=task.round, model_id=task.model_id)
-                self._observe(rm.Seen(cid, self._clock()))  # it came for its task: pending (poll grace)
+                if self._state().buffered is not None:  # buffered rounds: the task left (the arrival log's line)
+                    self._observe(rm.TaskDelivered(cid, task.round, self._clock()))
+                else:
+                    self._observe(rm.Seen(cid, self._clock()))  # it came for its task: pending (poll grace)
                 self.timing.handed_out(cid, task.round)  # its long-poll is answered
                 return task
             remaining = deadline - self._clock()

@@ -15,6 +15,7 @@ from typing import Any
 
 from fedcore import rounds as rm
 from fedcore.aggregation import AggregationResult, Aggregator
+from fedcore.buffered import staleness_spread
 from fedcore.report import RoundReport
 from fedcore.secagg.aggregate import SecureFedAvg
 from fedserver.clusters import ClusterShell, UpdateBuffer
@@ -52,6 +53,7 @@ class RoundCloser:
         self.offload = offload if offload is not None else Offload()
         self.pipeline = pipeline
         self.secure = secure  # secure aggregation: the round's sum is unmasked before it is aggregated
+        self.started_at = clock()  # when the server started running (the coordinator's run() sets it)
 
     def subscribe(self, fn: RoundSubscriber) -> None:
         """Call ``fn`` with every completed round's report, after the round was persisted (on the event loop), after
@@ -79,6 +81,11 @@ class RoundCloser:
             result = dataclasses.replace(result, new_global=shaped, metrics={**result.metrics, **metrics})
         self.timing.aggregated(round_)
         report = await self.finalizer.report(result, round_log, self._state(), reason)
+        report = dataclasses.replace(report, wall_seconds=self._clock() - self.started_at)
+        if self._state().buffered is not None:  # a buffer: its contributors are its sample (the DP accountant's q)
+            low, avg, high = staleness_spread(round_log.staleness.values())
+            report = dataclasses.replace(report, selected=len(round_log.reports), staleness_min=low,
+                                         staleness_mean=avg, staleness_max=high)
         # The stages and the snapshot in one step (on a worker thread each hop is a thread wake-up and a loop wake-up).
         report = await self.offload.run("complete_and_persist", self._complete_and_persist, report, round_)
         self.timing.snapshotted(round_)

@@ -56,6 +56,8 @@ class RoundOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUND_OUTCOME_QUORUM: _ClassVar[RoundOutcome]
     ROUND_OUTCOME_ALL_RESPONDED: _ClassVar[RoundOutcome]
     ROUND_OUTCOME_DEADLINE: _ClassVar[RoundOutcome]
+    ROUND_OUTCOME_BUFFER_FULL: _ClassVar[RoundOutcome]
+    ROUND_OUTCOME_REPLAYED: _ClassVar[RoundOutcome]
 
 class NflState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -103,6 +105,8 @@ ROUND_OUTCOME_UNSPECIFIED: RoundOutcome
 ROUND_OUTCOME_QUORUM: RoundOutcome
 ROUND_OUTCOME_ALL_RESPONDED: RoundOutcome
 ROUND_OUTCOME_DEADLINE: RoundOutcome
+ROUND_OUTCOME_BUFFER_FULL: RoundOutcome
+ROUND_OUTCOME_REPLAYED: RoundOutcome
 NFL_STATE_UNSPECIFIED: NflState
 NFL_STATE_OFF: NflState
 NFL_STATE_ALWAYS: NflState
@@ -614,7 +618,7 @@ class StatusRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., since_round: _Optional[int] = ...) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "outcome_name", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_name", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds", "client_passes", "clusters", "late_total", "attackers", "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_sample_rate", "bytes_received")
+    __slots__ = ("round", "selected", "accepted", "rejected", "mean_train_loss", "mean_test_accuracy", "seconds", "outcome", "outcome_name", "metrics", "attempt", "test_accuracy_benign", "central_accuracy", "beta", "beta_weighted", "beta_benign", "beta_benign_weighted", "beta_hat", "beta_hat_avg", "beta_hat_error", "adapting", "holdouts", "beta_adapting", "beta_holdout", "nfl", "nfl_name", "nfl_count", "recovery", "test_accuracy_adapting", "test_accuracy_holdout", "client_seconds", "client_passes", "clusters", "late_total", "attackers", "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_sample_rate", "bytes_received", "wall_seconds", "staleness_min", "staleness_mean", "staleness_max")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -669,6 +673,10 @@ class RoundSummary(_message.Message):
     DP_NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
     DP_SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_MIN_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_MAX_FIELD_NUMBER: _ClassVar[int]
     round: int
     selected: int
     accepted: int
@@ -709,7 +717,11 @@ class RoundSummary(_message.Message):
     dp_noise_multiplier: float
     dp_sample_rate: float
     bytes_received: int
-    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., outcome_name: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[_Union[NflState, str]] = ..., nfl_name: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ..., client_passes: _Optional[float] = ..., clusters: _Optional[_Mapping[str, int]] = ..., late_total: _Optional[int] = ..., attackers: _Optional[int] = ..., dp_epsilon: _Optional[float] = ..., dp_delta: _Optional[float] = ..., dp_noise_multiplier: _Optional[float] = ..., dp_sample_rate: _Optional[float] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+    wall_seconds: float
+    staleness_min: float
+    staleness_mean: float
+    staleness_max: float
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., mean_train_loss: _Optional[float] = ..., mean_test_accuracy: _Optional[float] = ..., seconds: _Optional[float] = ..., outcome: _Optional[_Union[RoundOutcome, str]] = ..., outcome_name: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., test_accuracy_benign: _Optional[float] = ..., central_accuracy: _Optional[float] = ..., beta: _Optional[float] = ..., beta_weighted: _Optional[float] = ..., beta_benign: _Optional[float] = ..., beta_benign_weighted: _Optional[float] = ..., beta_hat: _Optional[float] = ..., beta_hat_avg: _Optional[float] = ..., beta_hat_error: _Optional[float] = ..., adapting: _Optional[int] = ..., holdouts: _Optional[int] = ..., beta_adapting: _Optional[float] = ..., beta_holdout: _Optional[float] = ..., nfl: _Optional[_Union[NflState, str]] = ..., nfl_name: _Optional[str] = ..., nfl_count: _Optional[int] = ..., recovery: _Optional[bool] = ..., test_accuracy_adapting: _Optional[float] = ..., test_accuracy_holdout: _Optional[float] = ..., client_seconds: _Optional[float] = ..., client_passes: _Optional[float] = ..., clusters: _Optional[_Mapping[str, int]] = ..., late_total: _Optional[int] = ..., attackers: _Optional[int] = ..., dp_epsilon: _Optional[float] = ..., dp_delta: _Optional[float] = ..., dp_noise_multiplier: _Optional[float] = ..., dp_sample_rate: _Optional[float] = ..., bytes_received: _Optional[int] = ..., wall_seconds: _Optional[float] = ..., staleness_min: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("federation_id", "round", "num_rounds", "phase", "phase_name", "clients_known", "clients_alive", "selected", "accepted", "rejected", "rejected_total", "history", "finished", "outcome", "outcome_name", "resumed_from", "stopping", "nfl", "distfl")
