@@ -37,7 +37,7 @@ from fedguard.v1 import fedguard_pb2 as pb
 
 # CANCELLED is among them because the client's own cancel (a stop) never gets here (``retrying`` raises Stopped
 # first): a CANCELLED it did not cause comes from the transport, e.g. gRPC cancels a few percent of calls when
-# thousands of channels connect at once (tools/bench_rounds.py --clients 3000: 40 of 3,000 joins; a bare grpc.aio
+# thousands of channels connect at once (tools/bench/bench_rounds.py --clients 3000: 40 of 3,000 joins; a bare grpc.aio
 # server flooded with 1,000 new channels per process cancels 1-4 % of their first calls), and a device retries it.
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}

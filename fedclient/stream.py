@@ -2,7 +2,7 @@
 
 A device's every round is two calls with the unary protocol (its long-poll and its upload), each with its own HTTP/2
 stream, headers and status; on one ``Session`` call the same messages cost the server a fraction of that
-(``tools/bench_grpc_floor.py``: 0.15-0.21 ms of server CPU per client-round on one open stream vs 0.66-0.84 ms for
+(``tools/bench/bench_grpc_floor.py``: 0.15-0.21 ms of server CPU per client-round on one open stream vs 0.66-0.84 ms for
 the two calls). :class:`SessionStream` is that call: requests are queued (gRPC's consumer thread sends them),
 replies are read in order. Any error ends it (the server ends a stream with the status of a refusal); the
 connection then opens a new one at the next exchange.

@@ -139,7 +139,7 @@ class _BoundLogger(structlog.stdlib.BoundLogger):
     """structlog's stdlib-bound logger whose ``debug`` and ``info`` return at once when the stdlib logger would drop
     them: the decision :func:`structlog.stdlib.filter_by_level` (the first processor) makes later, before the event
     dict is built and the processors run (a dropped debug line cost ~12 µs in the server's update path, three per
-    client-round: ``tools/bench_rounds.py --cpu-breakdown``)."""
+    client-round: ``tools/bench/bench_rounds.py --cpu-breakdown``)."""
 
     def debug(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
         if not self._logger.isEnabledFor(logging.DEBUG):

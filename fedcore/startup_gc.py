@@ -4,7 +4,7 @@ A fedguard process imports torch, numpy, grpc and its own modules and builds its
 ~200,000 tracked objects that live as long as the process. CPython's cyclic collector walks all of them in every
 full (generation 2) pass, and its youngest generation is collected every 700 net allocations of container objects,
 which a server allocates several hundred of per client-round (coroutines, futures, protobuf wrappers, dicts).
-Measured in a coordinator of 1,000 virtual clients at K = 100 (``tools/bench_rounds.py --cpu-breakdown``, the ``gc
+Measured in a coordinator of 1,000 virtual clients at K = 100 (``tools/bench/bench_rounds.py --cpu-breakdown``, the ``gc
 generation`` rows): generations 0 and 1 cost ~28 µs per client-round, and each full pass 55–130 ms of CPU on the event
 loop (a pause every few thousand client-rounds, ~20–38 µs per client-round on average).
 

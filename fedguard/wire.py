@@ -86,7 +86,7 @@ def chunk_frames(payload: bytes | bytearray | memoryview, message: type[M],
     """Stream messages of type ``message`` whose ``chunk`` field carries consecutive slices of ``payload``.
 
     The chunk is written into the parent message in place: building a ``Chunk`` first and passing it to the
-    parent's constructor copies every byte once more (3.5x slower in tools/bench_serialization.py).
+    parent's constructor copies every byte once more (3.5x slower in tools/bench/bench_serialization.py).
     """
     for off, data in iter_chunks(payload, chunk_bytes):
         msg = message()

@@ -3,8 +3,8 @@ installed, else the standard library's.
 
 Every server message passes through the event loop several times (gRPC's completion queue wakes it, the handler's
 coroutine is resumed, its futures resolved and its callbacks scheduled); on uvloop that costs less: a bare grpc.aio
-stream's round (no fedguard code, ``tools/bench_grpc_floor.py --event-loop``) took 137–147 µs of server CPU on uvloop
-against 150–163 µs on the standard loop, and a unary call 217–230 against 250–283 µs, interleaved in the same
+stream's round (no fedguard code, ``tools/bench/bench_grpc_floor.py --event-loop``) took 137–147 µs of server CPU
+on uvloop against 150–163 µs on the standard loop, and a unary call 217–230 against 250–283 µs, interleaved in the same
 minutes (docs/benchmarks.md, "The event loop"). Nothing the federation computes depends on the loop: arrival order
 never changes a result (the aggregator orders by client id), so the models are bit-identical on either.
 

@@ -3,10 +3,10 @@ message).
 
 ``async with asyncio.timeout(s)`` around every wait makes a ``Timeout``, arms a loop timer, runs two coroutines and
 disarms the timer: about 4 µs a wait on uvloop, two waits per client-round on the server (a stream's next message and
-a parked long-poll), 4–7 % of its CPU per client-round at 500 @ K = 50 (``tools/bench_rounds.py``, two federations at
-once with and without them). :class:`IdleLimit` keeps one timer per task and moves it only when it fires: a wait
-records its deadline (a clock read and a store); the timer, when it fires before the current wait's deadline (it was
-armed for an earlier wait), re-arms itself for that deadline; when it fires with no wait in progress it stops. It
+a parked long-poll), 4–7 % of its CPU per client-round at 500 @ K = 50 (``tools/bench/bench_rounds.py``, two
+federations at once with and without them). :class:`IdleLimit` keeps one timer per task and moves it only when it fires:
+a wait records its deadline (a clock read and a store); the timer, when it fires before the current wait's deadline (it
+was armed for an earlier wait), re-arms itself for that deadline; when it fires with no wait in progress it stops. It
 cancels the task only when a wait outlives its deadline, and undoes its cancel request as ``asyncio.timeout`` does
 (``Task.uncancel``), so a cancel of the task from elsewhere still propagates::
 

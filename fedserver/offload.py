@@ -5,8 +5,8 @@ model or a slow disk those steps take milliseconds to seconds, and on the event 
 heartbeat, poll and upload of the fleet meanwhile: they run on a worker thread (``asyncio.to_thread``). For a small
 model they take a few hundred microseconds, and the thread's hop costs as much again on the round's critical path:
 the worker's wake-up, the GIL handed over and back, the loop's wake-up when the result is in, each a scheduling
-delay on a busy machine (``tools/bench_rounds.py``'s ``aggregation`` and ``snapshot`` phases, against the same work
-timed in place).
+delay on a busy machine (``tools/bench/bench_rounds.py``'s ``aggregation`` and ``snapshot`` phases, against the same
+work timed in place).
 
 :class:`Offload` decides per step from the step's own last duration: a step whose last run took at most
 :data:`INLINE_S` runs on the loop, any other (and every step's first run) on a worker thread. A step that grows

@@ -51,7 +51,7 @@ def method_path(name: str) -> str:
 def process_metadata() -> tuple[tuple[str, str], ...]:
     """The server process as the operator's GetStatus reports it beside the status, in its trailing metadata:
     the event loop's asyncio tasks (``fg-asyncio-tasks``) and the Python threads (``fg-threads``) now, what a
-    soak watches for leaks from outside (``tools/soak.py``; RSS and file descriptors are read from /proc)."""
+    soak watches for leaks from outside (``tools/bench/soak.py``; RSS and file descriptors are read from /proc)."""
     return (("fg-asyncio-tasks", str(len(asyncio.all_tasks()))), ("fg-threads", str(threading.active_count())))
 
 

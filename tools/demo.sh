@@ -5,7 +5,7 @@
 # (negative beta = negative federated learning). The task: every client's x from the same N(0, Sigma), labels from a
 # concept partly shared by all clients (synthetic shared = 0.4), partly its own (feature_shift = false), so no single
 # model fits every client (FedAvg stays below the private models) but each can learn from the others (the adapted
-# models beat them): README "The demo", docs/results/demo_story.md (python tools/demo_story.py re-measures it).
+# models beat them): README "The demo", docs/results/demo_story.md (python tools/experiments/demo_story.py re-measures it).
 # Extra arguments go to the launcher (fedguard-launch --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."

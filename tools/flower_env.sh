@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Create (or reuse) the SEPARATE virtual environment that runs Flower for tools/bench_flower.py.
+# Create (or reuse) the SEPARATE virtual environment that runs Flower for tools/bench/bench_flower.py.
 #
 # flwr pins its own grpcio, protobuf (< 7) and cryptography versions, which conflict with fedguard's, so it never
 # goes into fedguard's environment (tools/setup.sh). This one lives at FEDGUARD_FLOWER_VENV (default
 # ~/.cache/fedguard/venv-flower) and holds flwr==$FLWR_VERSION with what it pulls in (numpy 2.x, grpcio, protobuf 6,
 # FastAPI/uvicorn among them). FEDGUARD_FLOWER_SIMULATION=1 adds the simulation extra (flwr[simulation]: Ray 2.55.1)
-# that `tools/bench_flower.py --simulation` needs.
+# that `tools/bench/bench_flower.py --simulation` needs.
 #
 #     bash tools/flower_env.sh                                  # prints the environment's python on its last line
 #     FEDGUARD_FLOWER_SIMULATION=1 bash tools/flower_env.sh     # ... with Flower's simulation engine (Ray)

@@ -1,5 +1,6 @@
-"""What the experiment drivers (``tools/nfl_experiment.py``, ``tools/distfl_experiment.py``,
-``tools/kd_experiment.py``) share: reading a run directory the launcher wrote, deciding whether a run is new,
+"""What the experiment drivers (``tools/experiments/nfl_experiment.py``, ``tools/experiments/distfl_experiment.py``,
+``tools/experiments/kd_experiment.py``) share: reading a run directory the launcher wrote, deciding whether a run is
+new,
 finished or to be resumed, the run's record (``record.json`` beside its ``rounds.jsonl``: every sitting's command,
 versions, seed, wall time and rounds), the environment of the runs they start, and the number formatting of their
 tables.

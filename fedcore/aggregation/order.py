@@ -33,7 +33,7 @@ ORDER_CHUNK_MAX_COLS = 1 << 16
 ORDER_CHUNK_MIN_COLS = 1 << 10
 # Above this many min/max operations per input value, np.sort of the chunk (along the rows) is faster than the
 # comparator schedules: measured crossover on one core of an AMD EPYC VM, 17-19 operations (n = 70-100 rows);
-# at n = 200 (24 operations) the sort is ~1.8x faster (tools/bench_aggregation.py shows the effect per rule).
+# at n = 200 (24 operations) the sort is ~1.8x faster (tools/bench/bench_aggregation.py shows the effect per rule).
 SORT_OPS_PER_ELEM = 16.0
 
 

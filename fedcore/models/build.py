@@ -69,7 +69,7 @@ def load_weights(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
     else takes part in loading -- no state-dict or load hooks, no module's own ``_load_from_state_dict``, no lazy or
     meta tensors, tensors swapped rather than copied (``torch.__future__``) -- and ``weights`` holds exactly the
     model's tensors with their shapes: what ``load_state_dict`` does then, for about half its cost (a client loads
-    every round's model: ``tools/bench_rounds.py --cpu-breakdown``). Anything else goes to ``load_state_dict``
+    every round's model: ``tools/bench/bench_rounds.py --cpu-breakdown``). Anything else goes to ``load_state_dict``
     itself, with its checks and errors."""
     if type(model).load_state_dict is nn.Module.load_state_dict and type(model).state_dict is nn.Module.state_dict \
             and not torch.__future__.get_swap_module_params_on_conversion() \

@@ -40,7 +40,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     Batches are moved to the model's device; the data may stay on the CPU. A test split of at most one batch (a
     device's, every round) is one forward pass with no running sums: the same float32 loss and count, so the same
     result, for about two thirds of the loop's cost on a small model (the client's NFL measurement of each received
-    model: ``tools/bench_rounds.py --cpu-breakdown``)."""
+    model: ``tools/bench/bench_rounds.py --cpu-breakdown``)."""
     n = len(y)
     if n == 0:
         return EvalResult(float("nan"), float("nan"), 0)

@@ -1,4 +1,4 @@
-"""Real processes: ``tools/soak.py`` at a tiny scale (40 virtual clients, K = 8, 1 minute, churn every 20 s,
+"""Real processes: ``tools/bench/soak.py`` at a tiny scale (40 virtual clients, K = 8, 1 minute, churn every 20 s,
 the server killed with SIGKILL at 0.5 min and resumed; the soak ends once the resumed server has completed a
 round): the samples are there for both server processes, with the asyncio tasks and threads the operator's
 GetStatus reports, the restart resumed the federation, and no round was lost beyond the one the kill
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_tiny_soak_samples_the_server_through_a_kill_and_loses_no_round(tmp_path: Path) -> None:
     out = tmp_path / "soak"
     run = subprocess.run(
-        [sys.executable, "tools/soak.py", "--minutes", "1.0", "--clients", "40", "-k", "8", "--procs", "4",
+        [sys.executable, "tools/bench/soak.py", "--minutes", "1.0", "--clients", "40", "-k", "8", "--procs", "4",
          "--kill-at", "0.5", "--sample-s", "5", "--churn", "0.25", "--churn-every", "20", "--start-timeout", "240",
          "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=480)

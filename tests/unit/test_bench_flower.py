@@ -1,4 +1,4 @@
-"""tools/bench_flower.py without flwr: the Flower model matches fedguard's, the figures it reads, and the message
+"""tools/bench/bench_flower.py without flwr: the Flower model matches fedguard's, the figures it reads, and the message
 when the Flower environment is missing. (Flower itself runs only in its own venv: tools/flower_env.sh.)"""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 from fedcore.config import ModelConfig
 from fedcore.models import build_model
 from fedserver.global_models import GlobalModels
-from tools import bench_flower as bf
-from tools.flower_bench.fgbench.model import format_shapes, make_arrays, parse_shapes
+from tools.bench import bench_flower as bf
+from tools.bench.flower_bench.fgbench.model import format_shapes, make_arrays, parse_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "bench_flower.py"
+SCRIPT = ROOT / "tools" / "bench" / "bench_flower.py"
 
 
 @pytest.mark.parametrize("hidden", [[64], [32, 16], [], [1024, 512]])

@@ -1,11 +1,11 @@
-"""tools/bench_memory.py's accounting: parsing /proc status and smaps_rollup text, the subtractions and verdicts.
+"""tools/bench/bench_memory.py's accounting: parsing /proc status and smaps_rollup text, the subtractions and verdicts.
 Pure functions on texts written here (no process is measured, no threshold on this machine's memory)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tools.bench_memory import (
+from tools.bench.bench_memory import (
     MIB,
     Memory,
     beyond,

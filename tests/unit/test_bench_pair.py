@@ -1,4 +1,5 @@
-"""tools/bench_pair.py: the figures read from tools/bench_rounds.py's output, the ratios of a pair and their medians,
+"""tools/bench/bench_pair.py: the figures read from tools/bench/bench_rounds.py's output, the ratios of a pair and their
+medians,
 a pair's two runs started together, and a failed run named."""
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tools import bench_pair as bp
+from tools.bench import bench_pair as bp
 
-# The lines of a real run (tools/bench_rounds.py --clients 500 -k 50 --virtual --procs 2 ..., 2026-11-27).
+# The lines of a real run (tools/bench/bench_rounds.py --clients 500 -k 50 --virtual --procs 2 ..., 2026-11-27).
 OUTPUT = """K = 50 of N = 500 clients (threads of 2 process(es); a Session stream each on the framed port)
 median seconds per round (start -> aggregated): 0.0383  (min 0.0226, max 0.0657)
 wall seconds per round (between completions):   0.0431
@@ -70,4 +71,4 @@ def test_a_pairs_runs_start_together_and_a_failed_run_is_named(tmp_path: Path) -
 def test_a_base_dir_without_the_benchmark_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         bp.main(["--base-dir", str(tmp_path), "--", "--rounds", "1"])
-    assert e.value.code == 2 and "has no tools/bench_rounds.py" in capsys.readouterr().err
+    assert e.value.code == 2 and "has no tools/bench/bench_rounds.py" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""tools/bench_grpc_floor.py and tools/bench_rounds.py --idle: the arithmetic, and real (tiny) runs."""
+"""tools/bench/bench_grpc_floor.py and tools/bench/bench_rounds.py --idle: the arithmetic, and real (tiny) runs."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import bench_grpc_floor as floor
+from tools.bench import bench_grpc_floor as floor
 
 ROOT = Path(__file__).resolve().parents[2]
+BENCH_ROUNDS = str(ROOT / "tools" / "bench" / "bench_rounds.py")
 
 
 def test_per_call_us() -> None:
@@ -75,7 +76,7 @@ def test_the_bare_tcp_shape_answers_each_update_with_a_task_of_its_size() -> Non
 @pytest.mark.system
 def test_bench_rounds_idle_reports_joins_idle_cpu_and_memory(tmp_path: Path) -> None:
     kept = tmp_path / "kept"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "--clients", "4", "-k", "2",
+    proc = subprocess.run([sys.executable, BENCH_ROUNDS, "--clients", "4", "-k", "2",
                            "--virtual", "--procs", "1", "--rounds", "1", "--idle", "1", "--keep-logs", str(kept)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -85,7 +86,7 @@ def test_bench_rounds_idle_reports_joins_idle_cpu_and_memory(tmp_path: Path) -> 
                      r"federation\.finished \(no client lost\)$", out, re.M), out
     assert (kept / "server.log").is_file() and (kept / "run" / "rounds.jsonl").is_file()
     assert sorted(p.name for p in kept.glob("clients-*.log")) == ["clients-0.log", "clients-1.log"]
-    again = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "--keep-logs", str(kept)],
+    again = subprocess.run([sys.executable, BENCH_ROUNDS, "--keep-logs", str(kept)],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert again.returncode == 2 and "not empty" in again.stderr  # kept logs are never overwritten
     assert re.search(r"^3 clients joined in [\d.]+ s", out, re.M), out
@@ -99,7 +100,7 @@ def test_bench_rounds_idle_reports_joins_idle_cpu_and_memory(tmp_path: Path) -> 
 @pytest.mark.system
 def test_bench_rounds_measures_the_unary_calls_on_request(tmp_path: Path) -> None:
     sums = tmp_path / "cpu.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "-k", "2", "--rounds", "1",
+    proc = subprocess.run([sys.executable, BENCH_ROUNDS, "-k", "2", "--rounds", "1",
                            "--transport", "unary", "--event-loop", "asyncio", "--cpu-breakdown", str(sums)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -112,7 +113,8 @@ def test_bench_rounds_measures_the_unary_calls_on_request(tmp_path: Path) -> Non
     line = (r"^client processes' CPU seconds per round \(all of them, same span\): [\d.]+ \([\d.]+ ms per "
             r"client-round\); with the server's: [\d.]+ ms of CPU per round on \d+ cores$")
     assert re.search(line, proc.stdout, re.M), proc.stdout
-    # --cpu-breakdown: the server ran under tools/cpu_breakdown.py; every update went through the timed intake once.
+    # --cpu-breakdown: the server ran under tools/bench/cpu_breakdown.py; every update went through the timed
+    # intake once.
     got = json.loads(sums.read_text())
     updates = 2 * 2  # K = 2, one warm-up round and one timed
     assert got["functions"]["UpdateIntake.submit"]["calls"] == updates, got
@@ -131,7 +133,7 @@ def test_bench_rounds_measures_the_unary_calls_on_request(tmp_path: Path) -> Non
 @pytest.mark.system
 def test_bench_rounds_measures_the_framed_port_under_mutual_tls(tmp_path: Path) -> None:
     sums = tmp_path / "cpu.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "-k", "2", "--rounds", "1",
+    proc = subprocess.run([sys.executable, BENCH_ROUNDS, "-k", "2", "--rounds", "1",
                            "--transport", "framed", "--tls", "--cpu-breakdown", str(sums)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -165,7 +167,7 @@ def test_bench_rounds_killed_kills_what_it_started() -> None:
     import signal
     import time
 
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "bench_rounds.py"), "-k", "2", "--rounds", "100000"],
+    proc = subprocess.Popen([sys.executable, BENCH_ROUNDS, "-k", "2", "--rounds", "100000"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=dict(os.environ))
     try:
         deadline = time.monotonic() + 120

@@ -1,4 +1,5 @@
-"""tools/bench_secagg.py on a tiny configuration: the table's rows, and the secure sum the benchmark unmasks equals
+"""tools/bench/bench_secagg.py on a tiny configuration: the table's rows, and the secure sum the benchmark unmasks
+equals
 the plain FixedPointSum's limbs bit for bit (the benchmark measures a correct round, not just any work)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from fedcore.aggregation.fixedpoint import FixedPointSum
-from tools import bench_secagg as bs
+from tools.bench import bench_secagg as bs
 
 TINY = ["--ks", "5", "--params", "1000", "--dropouts", "0,0.2", "--plain-reps", "1"]
 

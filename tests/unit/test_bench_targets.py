@@ -1,4 +1,4 @@
-"""tools/bench_targets.py: samples of the target cases over time, the figures over their lines counted, the
+"""tools/bench/bench_targets.py: samples of the target cases over time, the figures over their lines counted, the
 schedule kept (every, samples, deadline), and a failed run named."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from tools import bench_targets as bt
-from tools.bench_pair import FIGURES
+from tools.bench import bench_targets as bt
+from tools.bench.bench_pair import FIGURES
 
 FLEET, K10 = bt.CASES
 
@@ -76,7 +76,8 @@ def test_a_failed_run_is_named_with_its_output(monkeypatch: pytest.MonkeyPatch) 
         return subprocess.CompletedProcess([], 3, "line 1\nthe server refused to start\n", "")
 
     monkeypatch.setattr(subprocess, "run", fake)
-    with pytest.raises(RuntimeError, match=r"k10: tools/bench_rounds\.py exited with 3:\n(.|\n)*refused to start"):
+    with pytest.raises(RuntimeError,
+                       match=r"k10: tools/bench/bench_rounds\.py exited with 3:\n(.|\n)*refused to start"):
         bt.run_case(K10)
 
 

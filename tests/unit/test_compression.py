@@ -342,7 +342,7 @@ def test_the_bench_campaign_runs_each_kind_with_its_override_and_summarizes(tmp_
     import argparse
     import json
 
-    from tools import bench_compression as bc
+    from tools.bench import bench_compression as bc
 
     args = argparse.Namespace(seed=0, procs=1, rounds=150, private_epochs=0, topk_fraction=0.01)
     cmd = bc._command("topk", args, tmp_path / "topk-s0")

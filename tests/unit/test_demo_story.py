@@ -1,4 +1,4 @@
-"""The demo's task (the synthetic task's shared concept) and the demo-story table (tools/demo_story.py)."""
+"""The demo's task (the synthetic task's shared concept) and the demo-story table (tools/experiments/demo_story.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedcore.data import DataError, load_client_data
-from tools.demo_story import demo_args, figures, recorded_command, table, verdict
+from tools.experiments.demo_story import demo_args, figures, recorded_command, table, verdict
 
 
 def _agreement_with_common_concept(shared: float, seed: int = 3, clients: int = 8) -> float:

@@ -200,7 +200,7 @@ def test_the_committed_table_recomputes_from_the_dumped_matrices() -> None:
 
 
 def test_the_tool_prints_the_same_table() -> None:
-    from tools import distfl_clustering as dc
+    from tools.experiments import distfl_clustering as dc
 
     paths = sorted(RESULTS.glob("*.json"))
     lines = dc.rule_table([str(p) for p in paths])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import figures as fig
+from tools.dev import figures as fig
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = fig.load(ROOT / "docs" / "figures.toml")
@@ -77,8 +77,8 @@ def test_update_rewrites_one_entry_and_then_the_pages_disagree(tmp_path: Path) -
 
 
 def test_bench_targets_turns_its_samples_into_figures() -> None:
-    """``tools/bench_targets.py --figures``: the min–max over the samples, formatted as the pages write them."""
-    from tools import bench_targets as bt
+    """``tools/bench/bench_targets.py --figures``: the min–max over the samples, formatted as the pages write them."""
+    from tools.bench import bench_targets as bt
 
     samples = [bt.Sample("k10", "03:29:00", {"round_s": 0.0051}), bt.Sample("k10", "03:32:00", {"round_s": 0.0077}),
                bt.Sample("fleet", "03:29:30", {"round_s": 0.046, "server_ms_per_cr": 0.219})]

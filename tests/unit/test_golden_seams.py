@@ -1,5 +1,5 @@
 """Every trainer and recovery method trains bit-identically to the golden recorded before the typed-seams refactor
-(issue 27; ``tools/golden_seams.py``). Bit-identity is the contract on the machine type that recorded it (the
+(issue 27; ``tools/dev/golden_seams.py``). Bit-identity is the contract on the machine type that recorded it (the
 same CPU/ISA and torch/numpy builds run the same kernels); elsewhere the test says why it does not apply."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import golden_seams
+from tools.dev import golden_seams
 
 
 def _golden() -> dict[str, object]:

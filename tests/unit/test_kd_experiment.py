@@ -1,11 +1,12 @@
-"""The HYDRA-FL experiment driver's plan and summary (tools/kd_experiment.py), without running federations."""
+"""The HYDRA-FL experiment driver's plan and summary (tools/experiments/kd_experiment.py), without running
+federations."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tools.kd_experiment import main, plan
+from tools.experiments.kd_experiment import main, plan
 
 
 def test_the_plan_pairs_every_arm_with_and_without_its_papers_attack() -> None:

@@ -1,4 +1,5 @@
-"""The campaign runner (tools/runs.py, tools/nfl_experiment.py): which runs it skips, resumes or refuses, the
+"""The campaign runner (tools/runs.py, tools/experiments/nfl_experiment.py): which runs it skips, resumes or refuses,
+the
 record it keeps beside each rounds.jsonl, summaries of a partial campaign, collecting runs for committing, and
 the committed tables recomputed from their committed per-round files. No federation is started: the launcher
 command is replaced by a small Python program where a process is needed."""
@@ -14,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from tools import nfl_experiment as nx
-from tools import nfl_guard, runs
+from tools import runs
+from tools.experiments import nfl_experiment as nx
+from tools.experiments import nfl_guard
 from tools.runs import RECORD, RunDirError, finished, read_record, run_state, start_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -292,7 +294,8 @@ def test_the_paper_scale_table_is_recomputed_from_its_committed_rows() -> None:
 
 def test_the_sequential_drivers_skip_resume_and_refuse_through_launch_run(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """tools/distfl_experiment.py and tools/kd_experiment.py start their runs with launch_run."""
+    """tools/experiments/distfl_experiment.py and tools/experiments/kd_experiment.py start their runs with
+    launch_run."""
 
     monkeypatch.setattr(runs, "versions", lambda: {"fedguard_commit": "abc"})
     d = tmp_path / "mnist-flip-distfl-s0"

@@ -1,5 +1,6 @@
 """The β̂ detector's start-up guards (fedcore.nfl.detectors: beta_hat_warmup, beta_hat_plateau, beta_hat_cusum) as
-pure step functions on scripted median sequences, and tools/nfl_guard.py's table recomputed from committed rows."""
+pure step functions on scripted median sequences, and tools/experiments/nfl_guard.py's table recomputed from committed
+rows."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from fedcore.nfl import (
     step,
 )
 from fedcore.registry import option_names
-from tools import nfl_guard
+from tools.experiments import nfl_guard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -189,7 +190,7 @@ def test_the_default_detector_is_the_plateau_guard_and_the_papers_rule_stays_by_
 
 
 def test_the_guard_table_is_recomputed_from_its_committed_rows() -> None:
-    from tools import nfl_guard
+    from tools.experiments import nfl_guard
 
     res = ROOT / "docs" / "results"
     doc = (res / "nfl_guard.md").read_text()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.plot import main, moving_average, run_label
+from tools.dev.plot import main, moving_average, run_label
 
 
 def test_moving_average_skips_nan() -> None:

@@ -73,7 +73,7 @@ def test_a_toml_file_and_set_overrides_in_either_shape_give_the_same_server_conf
     a, b = build_config(ServerConfig, old), build_config(ServerConfig, new)
     assert a == b and a.aggregation.options == TrimmedMeanOptions(trim_m=2)
     assert a.nfl.detector_options == CusumOptions(cusum_h=1.5)
-    # --set aggregation.trim_m=1 (tools/golden_seams.py, fedguard-launch --server-set) and the new key agree
+    # --set aggregation.trim_m=1 (tools/dev/golden_seams.py, fedguard-launch --server-set) and the new key agree
     insecure: list[tuple[list[str], Any]] = [(["security", "insecure"], True),
                                              (["aggregation", "rule"], "trimmed_mean")]
     flat = build_config(ServerConfig, None, [*insecure, (["aggregation", "trim_m"], 1)])

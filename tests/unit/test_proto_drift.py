@@ -12,16 +12,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_generated_code_matches_protos(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools", reason="grpc_tools (dev extra) is needed to regenerate the protos")
-    from tools.gen_protos import generate
+    from tools.dev.gen_protos import generate
 
     fresh = generate(tmp_path)
     assert fresh, "protoc generated nothing"
     for path in fresh:
         rel = path.relative_to(tmp_path)
         committed = ROOT / rel
-        assert committed.exists(), f"{rel} is generated but not committed; run python tools/gen_protos.py"
+        assert committed.exists(), f"{rel} is generated but not committed; run python tools/dev/gen_protos.py"
         assert committed.read_text() == path.read_text(), (
-            f"{rel} drifted from protos/; run python tools/gen_protos.py and commit the result")
+            f"{rel} drifted from protos/; run python tools/dev/gen_protos.py and commit the result")
     committed_all = {p.relative_to(ROOT) for p in (ROOT / "fedguard").rglob("*_pb2*.py*")}
     assert committed_all == {p.relative_to(tmp_path) for p in fresh}
 

@@ -1,4 +1,4 @@
-"""tools/scaling_model.py's pure functions: the fits, the capacity arithmetic, the shared-machine prediction and
+"""tools/bench/scaling_model.py's pure functions: the fits, the capacity arithmetic, the shared-machine prediction and
 the exactness of the root's combine of shard partial aggregates (no timing, no processes)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedcore.aggregation.fixedpoint import FixedPointSum
-from tools.scaling_model import (
+from tools.bench.scaling_model import (
     Costs,
     bytes_per_client_round,
     capacity,

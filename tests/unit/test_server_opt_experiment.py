@@ -1,4 +1,5 @@
-"""The server-optimizer experiment (tools/server_opt_experiment.py, issue 50 item 2): its arguments, the runs it
+"""The server-optimizer experiment (tools/experiments/server_opt_experiment.py, issue 50 item 2): its arguments, the
+runs it
 plans and their launcher commands, how it reads runs back and picks each arm's learning rate, and the committed
 tables (docs/results/server_opt.md) recomputed from the committed per-round files. No federation is started."""
 
@@ -13,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tools import server_opt_experiment as so
-from tools.nfl_experiment import BEGIN, END
+from tools.experiments import server_opt_experiment as so
+from tools.experiments.nfl_experiment import BEGIN, END
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"

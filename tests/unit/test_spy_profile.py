@@ -1,4 +1,4 @@
-"""tools/spy_profile.py: py-spy's raw samples summarized (no py-spy needed), and a clear error without it."""
+"""tools/bench/spy_profile.py: py-spy's raw samples summarized (no py-spy needed), and a clear error without it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import spy_profile
+from tools.bench import spy_profile
 
 
 def test_summary_shares_own_and_inclusive_and_the_event_loops_own_code(tmp_path: Path) -> None:
@@ -30,7 +30,7 @@ def test_no_samples_and_no_py_spy_say_so(tmp_path: Path, monkeypatch: pytest.Mon
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     assert spy_profile.summarize(empty) == ["py-spy: no samples"]
-    monkeypatch.setattr("tools.spy_profile.shutil.which", lambda name: None)
+    monkeypatch.setattr("tools.bench.spy_profile.shutil.which", lambda name: None)
     with pytest.raises(SystemExit, match=r"py-spy is not installed \(pip install py-spy\)"):
         spy_profile.py_spy()
     assert spy_profile.Recorder(1, tmp_path / "never.txt").stop() == "py-spy never started (the timed rounds did " \
@@ -68,7 +68,7 @@ def test_native_samples_name_the_libraries_the_system_calls_and_the_wake_ups(tmp
 
 def test_the_recorder_asks_py_spy_for_native_frames_only_when_told(monkeypatch: pytest.MonkeyPatch,
                                                                      tmp_path: Path) -> None:
-    monkeypatch.setattr("tools.spy_profile.shutil.which", lambda name: "/usr/bin/py-spy")
+    monkeypatch.setattr("tools.bench.spy_profile.shutil.which", lambda name: "/usr/bin/py-spy")
     plain = spy_profile.Recorder(7, tmp_path / "a.txt").command()
     native = spy_profile.Recorder(7, tmp_path / "b.txt", native=True).command()
     assert "--native" not in plain and plain[plain.index("-r") + 1] == str(spy_profile.RATE_HZ)

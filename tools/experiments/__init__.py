@@ -1,2 +1,2 @@
-"""Experiment drivers (each one ``python -m tools.experiments.<name>``); the shared run machinery is
-:mod:`tools.runs`."""
+"""Experiment drivers (``python tools/experiments/<name>.py``, or ``python -m tools.experiments.<name>``); the shared
+run machinery is :mod:`tools.runs`."""

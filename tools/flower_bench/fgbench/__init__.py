@@ -1,1 +1,0 @@
-"""The Flower side of tools/bench_flower.py: a timed FedAvg ServerApp and a no-op ClientApp (needs flwr)."""

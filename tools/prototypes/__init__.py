@@ -1,0 +1,1 @@
+"""Prototypes: designs measured before they are built into fedguard (``shard_prototype``)."""
