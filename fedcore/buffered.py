@@ -110,6 +110,11 @@ class BufferState:
     # Tasks delivered while the current buffer filled.
     delivered: int = 0
     replayed: dict[str, int] = field(default_factory=dict)
+    # A resumed server: the (client, base) of the updates its store kept for round ``restored_round``'s buffer, in
+    # arrival order, re-folded when that buffer opens (:func:`fedcore.rounds.restore_buffer`; not saved: a
+    # snapshot is taken only after they were applied).
+    restored: list[list[Any]] = field(default_factory=list)
+    restored_round: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"flight": dict(self.flight), "undelivered": list(self.undelivered),

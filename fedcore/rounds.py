@@ -865,11 +865,11 @@ def _step_buffered(s: RoundState, obs: Observation, config: RoundsConfig, limits
             events.append(FederationFinished(s.round, s.outcome))
             return events
         s.round, s.attempt = s.round + 1, 0
-        _open_buffer(s, b, obs.now, config, events)
+        _open_buffer(s, b, obs.now, config, events, replay is not None)
     elif isinstance(obs, AggregationFailed) and s.phase == AGGREGATING and obs.round == s.round:
         events.append(RoundAbandoned(s.round, s.attempt, len(s.accepted), config.clients_per_round, obs.reason))
         s.attempt += 1
-        _open_buffer(s, b, obs.now, config, events)
+        _open_buffer(s, b, obs.now, config, events, replay is not None)
     elif isinstance(obs, Tick):
         if obs.liveness:
             _liveness(s, obs.now, limits, events, obs.connected, busy=set(b.flight))
@@ -883,7 +883,8 @@ def _step_buffered(s: RoundState, obs: Observation, config: RoundsConfig, limits
     return events
 
 
-def _open_buffer(s: RoundState, b: bf.BufferState, now: float, config: RoundsConfig, events: list[Event]) -> None:
+def _open_buffer(s: RoundState, b: bf.BufferState, now: float, config: RoundsConfig, events: list[Event],
+                 replaying: bool = False) -> None:
     """Round ``s.round``'s buffer opens (empty); tasks granted and not fetched yet will carry its model."""
     s.phase, s.phase_since = TRAINING, now
     s.deadline = now + config.round_timeout_s
@@ -891,6 +892,26 @@ def _open_buffer(s: RoundState, b: bf.BufferState, now: float, config: RoundsCon
     b.buffer, b.delivered = [], 0
     b.rebase(s.round)
     events.append(RoundStarted(s.round, s.attempt, tuple(b.undelivered), s.deadline))
+    if b.restored and b.restored_round == s.round:
+        _refold(s, b, events, replaying)
+    b.restored, b.restored_round = [], 0
+
+
+def _refold(s: RoundState, b: bf.BufferState, events: list[Event], replaying: bool) -> None:
+    """A resumed server's buffer opens with the updates its store kept (in arrival order), as if they had just
+    arrived: each leaves the tasks in flight and enters the buffer; a task handed in this round (its base) counts
+    as delivered in it (and, replaying, as the client's next logged task)."""
+    for client_id, base in b.restored:
+        b.free(client_id)
+        if base == s.round:
+            b.delivered += 1
+            if replaying:
+                b.replayed[client_id] = b.replayed.get(client_id, 0) + 1
+            events.append(TaskHanded(client_id, base))
+        s.accepted.append(client_id)
+        b.buffer.append([client_id, base])
+        b.arrivals += 1
+        events.append(UpdateBuffered(client_id, base, s.round, b.arrivals))
 
 
 def _advance_buffered(s: RoundState, b: bf.BufferState, now: float, config: RoundsConfig, limits: Limits,
@@ -900,7 +921,7 @@ def _advance_buffered(s: RoundState, b: bf.BufferState, now: float, config: Roun
         if available >= config.effective_min_available:
             s.assembled = True
         if s.assembled or (now - s.phase_since >= config.sampling_timeout_s and available >= 1):
-            _open_buffer(s, b, now, config, events)
+            _open_buffer(s, b, now, config, events, limits.replay is not None)
         elif now - s.phase_since >= config.sampling_timeout_s:
             s.phase, s.outcome, s.phase_since = FINISHED, "stalled", now
             events.append(FederationFinished(s.round - 1, s.outcome))
@@ -958,3 +979,11 @@ def resume_buffered(s: RoundState, completed_rounds: int, config: RoundsConfig, 
     b.buffer = []
     s.buffered = b
     return s
+
+
+def restore_buffer(s: RoundState, entries: list[tuple[str, int]]) -> None:
+    """A resumed buffered server's store kept ``entries`` ((client, base), in arrival order) for the buffer of
+    ``s.round`` (the one being filled when the last process died): they are re-folded when it opens."""
+    b = buffer_of(s)
+    b.restored = [[c, int(base)] for c, base in entries]
+    b.restored_round = s.round

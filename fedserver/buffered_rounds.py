@@ -9,18 +9,28 @@ Two jobs the round machine cannot do because they hold tensors or files:
   versions are saved and restored with the snapshot: a resumed server still takes the updates of devices that kept
   training through its crash);
 - :class:`ArrivalLog`: ``arrivals.jsonl`` in the run directory, one line per task delivered and per update buffered,
-  in the order they happened -- what ``rounds.replay`` follows to reproduce a run's models bit for bit.
+  in the order they happened -- what ``rounds.replay`` follows to reproduce a run's models bit for bit;
+- :class:`BufferJournal`: every update accepted into the open buffer, written to the state store
+  (``buffer_updates`` in ``state.db``) before it is acknowledged, so a server killed mid-buffer re-folds them, in
+  their arrival order, into the same buffer when it resumes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+import torch
 
 from fedcore import buffered as bf
 from fedcore import rounds as rm
+from fedcore.update_report import UpdateReport
 from fedserver.global_models import GLOBAL, GlobalModels
+from fedserver.store import DB_NAME, StateStore, StoreError, ways_on
 
 VERSION_PREFIX = "version-"
 
@@ -100,3 +110,72 @@ def _round_of(line: str) -> int:
         return int(json.loads(line)["round"])
     except (ValueError, KeyError, TypeError):
         return 1 << 62
+
+
+@dataclass(frozen=True)
+class BufferedUpdate:
+    """An update of the open buffer as the store kept it: the float32 [P] vector the aggregator was given (already
+    scaled by its staleness weight), and what the round's log keeps of it."""
+
+    client_id: str
+    base: int
+    flat: torch.Tensor
+    report: UpdateReport
+    nbytes: int
+    staleness: int
+
+
+class BufferJournal:
+    """The open buffer's updates in the state store (``store()``: None when persistence is off, then nothing is
+    kept). :meth:`record` runs before the update is folded and acknowledged: once the device is told its update
+    was taken, the update survives a ``kill -9``; :meth:`load` reads them back for the buffer a resumed server
+    fills again."""
+
+    def __init__(self, store: Callable[[], StateStore | None]) -> None:
+        self._store = store
+
+    def record(self, round_: int, attempt: int, u: BufferedUpdate) -> int | None:
+        """Write ``u`` (one committed SQLite transaction); its row id, or None without a store."""
+        store = self._store()
+        if store is None:
+            return None
+        flat = u.flat.detach().to(torch.float32).contiguous().reshape(-1)
+        meta = {"report": dataclasses.asdict(u.report), "nbytes": u.nbytes, "staleness": u.staleness,
+                "numel": int(flat.numel())}
+        return store.put_buffered(round_, attempt, u.client_id, u.base, meta, flat.numpy().tobytes())
+
+    def forget(self, row_id: int | None) -> None:
+        """The update recorded as ``row_id`` was not taken after all (the aggregator refused it)."""
+        store = self._store()
+        if store is not None and row_id is not None:
+            store.drop_buffered(row_id)
+
+    def load(self, round_: int, attempt: int, num_params: int) -> list[BufferedUpdate]:
+        """The updates kept for round ``round_``'s buffer, in arrival order. A row that does not decode (a
+        hand-edited or damaged ``state.db``) is a :class:`StoreError` naming it and the ways on."""
+        store = self._store()
+        if store is None:
+            return []
+        out: list[BufferedUpdate] = []
+        for row_id, client_id, base, meta_text, blob in store.buffered(round_, attempt):
+            try:
+                out.append(_decode(client_id, base, meta_text, blob, num_params))
+            except (KeyError, TypeError, ValueError) as e:
+                what = f"missing {e}" if isinstance(e, KeyError) else str(e)
+                raise StoreError(f"{store.directory / DB_NAME}: buffered update {row_id} of round {round_} does not "
+                                 f"decode ({what[:300]}); {ways_on(store.directory)}") from None
+        return out
+
+
+def _decode(client_id: Any, base: Any, meta_text: Any, blob: Any, num_params: int) -> BufferedUpdate:
+    if not isinstance(client_id, str) or isinstance(base, bool) or not isinstance(base, int):
+        raise TypeError("client_id or base of the wrong type")
+    meta = json.loads(meta_text)
+    if not isinstance(meta, dict) or not isinstance(meta["report"], dict):
+        raise TypeError("meta: not a JSON object with a report")
+    if not isinstance(blob, bytes) or meta["numel"] != num_params or len(blob) != 4 * num_params:
+        raise ValueError(f"tensor of {len(blob) if isinstance(blob, bytes) else '?'} bytes, the model has "
+                         f"{num_params} float32 parameters")
+    report = UpdateReport(**meta["report"])
+    flat = torch.frombuffer(bytearray(blob), dtype=torch.float32)
+    return BufferedUpdate(client_id, base, flat, report, int(meta["nbytes"]), int(meta["staleness"]))

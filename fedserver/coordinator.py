@@ -43,7 +43,7 @@ from fedcore.preflight import check_aggregation_memory
 from fedcore.report import DistflStatus, FederationStatus, RoundReport
 from fedcore.serialization import TensorMeta
 from fedcore.train import resolve_device
-from fedserver.buffered_rounds import ArrivalLog, ModelVersions, is_version
+from fedserver.buffered_rounds import ArrivalLog, BufferedUpdate, BufferJournal, ModelVersions, is_version
 from fedserver.clusters import ClusterShell
 from fedserver.clusters import check_model as check_distfl_model
 from fedserver.dispatch import Task, TaskDispatcher
@@ -147,6 +147,10 @@ class Coordinator:
         # Buffered rounds: the versions devices in flight train from, the arrival log (fedserver.buffered_rounds).
         self.versions = ModelVersions(self.models) if config.rounds.buffered else None
         self.arrivals = ArrivalLog(self.run_dir) if config.rounds.buffered else None
+        # ... and the open buffer's updates, durable in the state store before they are acknowledged; a resumed
+        # server re-folds them into the buffer it fills again (round, updates) when that buffer opens.
+        self.intake.journal = BufferJournal(lambda: self.persistence.store) if config.rounds.buffered else None
+        self._refold: tuple[int, list[BufferedUpdate]] | None = None
         self.closer = RoundCloser(self.intake, self.clusters, harness, finalizer, self.persistence, self.history,
                                   state, lambda: DP_BUDGET if self.dp.stop_required else "", clock, self.log,
                                   self.pipeline, self.timing, offload, self.secure)
@@ -180,6 +184,11 @@ class Coordinator:
                 dropped = self.arrivals.resumed(self.resumed_from)
                 if dropped:
                     self.log.info("arrivals.rewound", completed_rounds=self.resumed_from, lines_dropped=dropped)
+            if self.intake.journal is not None and self.state.phase != rm.FINISHED:
+                kept = self.intake.journal.load(self.state.round, self.state.attempt, self.models.num_params)
+                if kept:  # the buffer being filled when the last process died: its updates are taken again
+                    rm.restore_buffer(self.state, [(u.client_id, u.base) for u in kept])
+                    self._refold = (self.state.round, kept)
             if self.dp.stop_required and self.state.phase != rm.FINISHED:  # the privacy budget is spent
                 self.state.phase, self.state.outcome, self.state.round = rm.FINISHED, DP_BUDGET, self.resumed_from
         self.log.info("federation.started", federation_id=self.config.server.federation_id,
@@ -220,6 +229,11 @@ class Coordinator:
             if self.versions is not None:
                 self.versions.opened(ev.round, self.state)
             self.intake.open_round(ev.round, ev.attempt, len(ev.selected), self.clock())
+            if self._refold is not None and self._refold[0] == ev.round:
+                self.intake.refold(self._refold[1])
+                self.log.info("buffer.restored", round=ev.round, attempt=ev.attempt, updates=len(self._refold[1]),
+                              clients=[u.client_id for u in self._refold[1]])
+            self._refold = None
             self.secure.open(ev.round, ev.attempt, ev.selected)
             self.timing.started(ev.round, ev.attempt, len(ev.selected))
         log_event(self.log, ev)

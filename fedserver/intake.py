@@ -28,12 +28,13 @@ from fedcore.secagg.aggregate import NUM_EXTRAS, SecureFedAvg
 from fedcore.secagg.config import MASKED_TENSOR
 from fedcore.serialization import TensorMeta
 from fedcore.update_report import UpdateReport
-from fedserver.buffered_rounds import version_id
+from fedserver.buffered_rounds import BufferedUpdate, BufferJournal, version_id
 from fedserver.clusters import UpdateBuffer
 from fedserver.errors import ProtocolError
 from fedserver.global_models import GlobalModels
 from fedserver.secure_round import SecureRounds
 from fedserver.stage import RoundAggregation
+from fedserver.store import StoreError
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ class UpdateIntake:
         self.aggregator: Aggregator | UpdateBuffer | SecureFedAvg | None = None
         self.round_log: RoundLog | None = None
         self.log = get_logger("fedserver")
+        # Buffered rounds with persistence: each update taken into the open buffer is written to the state store
+        # before it is folded and acknowledged (fedserver.buffered_rounds.BufferJournal; set by the coordinator).
+        self.journal: BufferJournal | None = None
 
     def open_round(self, round_: int, attempt: int, selected: int, now: float) -> None:
         """A round (or a new attempt of it) started: a fresh aggregator and log; the start time is kept."""
@@ -274,16 +278,29 @@ class UpdateIntake:
                 bad = next(k for k in self.models.float_names if not bool(torch.isfinite(tensors[k]).all()))
                 self.reject_ticket(ticket, "INVALID_ARGUMENT", f"tensor {bad!r} has non-finite values")
         assert self.aggregator is not None and self.round_log is not None
+        row: int | None = None
         if self._buffered:  # FedBuff: the update scaled by its staleness weight w(s) before it is aggregated
             r = self.config.rounds
             staleness = self.round_log.round - round_
             weight = bf.staleness_weight(r.staleness, staleness, r.staleness_a, r.staleness_b)
             if weight != 1.0:
                 flat = flat * weight
+            if self.journal is not None:  # durable before it is folded and acknowledged
+                try:
+                    row = self.journal.record(self.round_log.round, self.round_log.attempt,
+                                              BufferedUpdate(cid, round_, flat, ticket.report, ticket.nbytes,
+                                                             staleness))
+                except StoreError as e:  # not stored, so not taken: the device sends it again
+                    self.log.error("update.not_stored", client_id=cid, round=round_, reason=str(e))
+                    raise ProtocolError("UNAVAILABLE", "the server cannot store the update now; send it again") \
+                        from None
             self.round_log.staleness[cid] = staleness
         try:
             self.aggregator.add(flat, float(ticket.report.num_samples), key=cid)
         except ValueError as e:
+            if row is not None:
+                assert self.journal is not None
+                self.journal.forget(row)
             self.reject_ticket(ticket, "INVALID_ARGUMENT", str(e))
         self.round_log.reports[cid] = ticket.report
         self.round_log.bytes_received += ticket.nbytes
@@ -293,6 +310,15 @@ class UpdateIntake:
                        train_loss=round(ticket.report.train_loss, 5))
         self._observe(rm.UpdateAccepted(cid, round_, self._clock()))
 
+    def refold(self, updates: list[BufferedUpdate]) -> None:
+        """A resumed server's open buffer takes the updates its store kept (the round machine took them already,
+        :func:`fedcore.rounds.restore_buffer`), in arrival order, exactly as :meth:`submit` folded them."""
+        assert self.aggregator is not None and self.round_log is not None
+        for u in updates:
+            self.aggregator.add(u.flat, float(u.report.num_samples), key=u.client_id)
+            self.round_log.staleness[u.client_id] = u.staleness
+            self.round_log.reports[u.client_id] = u.report
+            self.round_log.bytes_received += u.nbytes
 
     def _take_masked(self, ticket: UpdateTicket, tensors: Mapping[str, torch.Tensor]) -> None:
         """A masked input into the protocol's running sum; counted as the device's update for the round."""

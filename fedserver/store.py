@@ -112,6 +112,21 @@ CREATE TABLE IF NOT EXISTS pending (
     path TEXT PRIMARY KEY
 );
 """
+# Buffered rounds (rounds.mode = "buffered"): each update accepted into the open buffer, durable before it is
+# acknowledged (fedserver.buffered_rounds.BufferJournal). Created by the first such update (a sync federation's
+# store never has it; older fedguards ignore it); a snapshot drops the rows of the rounds it completes. A row names
+# the snapshot it was written after: a resumed server reads only those of the snapshot it resumes from (the rows of
+# a timeline abandoned by --fall-back are not taken; they go once a snapshot completes their round).
+_BUFFER_TABLE = """CREATE TABLE IF NOT EXISTS buffer_updates (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    after_snapshot INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    client_id TEXT NOT NULL,
+    base INTEGER NOT NULL,
+    meta TEXT NOT NULL,
+    tensor BLOB NOT NULL
+)"""
 # Schema 1 -> 2: snapshots record how many history rows they cover (-1: the history is inside their state JSON).
 _MIGRATE_2 = "ALTER TABLE snapshots ADD COLUMN history_len INTEGER NOT NULL DEFAULT -1"
 
@@ -209,6 +224,8 @@ class StateStore:
             self._init_db()
             self.removed_orphans: list[str] = []  # filled by clean_pending()
             self._history_rows = int(self._conn.execute("SELECT count(*) FROM history").fetchone()[0])
+            self._has_buffer = self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'buffer_updates'").fetchone() is not None
         except sqlite3.Error as e:
             self._conn.close()
             raise damaged(self.db_path, f"not a usable fedguard state store ({e})") from None
@@ -455,6 +472,8 @@ class StateStore:
             c.execute("DELETE FROM models WHERE snapshot_id = ?", (old,))
             c.execute("DELETE FROM snapshots WHERE id = ?", (old,))
         c.execute("DELETE FROM progress WHERE snapshot_id != ?", (sid,))
+        if self._has_buffer:  # the buffered updates of the rounds this snapshot completes are in its model now
+            c.execute("DELETE FROM buffer_updates WHERE round <= ?", (completed_rounds,))
         # A file is shared by no two rows (nonce per save), but never unlink one that is still referenced.
         live = {r[0] for r in c.execute("SELECT path FROM models")}
         gone = [p for p in dropped if p not in live]
@@ -470,6 +489,41 @@ class StateStore:
                 raise StoreError(f"{self.db_path}: no snapshot to attach a progress record to (save one first)")
             self._conn.execute("INSERT OR REPLACE INTO progress (snapshot_id, state, updated) VALUES (?, ?, ?)",
                                (row[0], text, time.time()))
+
+    # ---- buffered rounds: the open buffer's updates ----
+
+    def put_buffered(self, round_: int, attempt: int, client_id: str, base: int, meta: dict[str, Any],
+                     tensor: bytes) -> int:
+        """Record an update accepted into round ``round_``'s open buffer (one committed transaction: durable against
+        a crash of the process, and with ``fsync`` against a power cut); returns its row id (the arrival order)."""
+        text = json.dumps(meta)
+        with self._lock, self._writing(f"an update of round {round_}'s buffer"), self._transaction():
+            if not self._has_buffer:
+                self._conn.execute(_BUFFER_TABLE)
+            cur = self._conn.execute(
+                "INSERT INTO buffer_updates (after_snapshot, round, attempt, client_id, base, meta, tensor) "
+                "VALUES ((SELECT coalesce(max(id), 0) FROM snapshots), ?, ?, ?, ?, ?, ?)",
+                (round_, attempt, client_id, base, text, tensor))
+            self._has_buffer = True
+            assert cur.lastrowid is not None
+            return int(cur.lastrowid)
+
+    def drop_buffered(self, row_id: int) -> None:
+        """Remove the row :meth:`put_buffered` wrote for an update that was not taken after all."""
+        with self._lock, self._writing("the buffered updates"), self._transaction():
+            self._conn.execute("DELETE FROM buffer_updates WHERE id = ?", (row_id,))
+
+    def buffered(self, round_: int, attempt: int) -> list[tuple[int, str, int, str, bytes]]:
+        """The updates recorded after the newest snapshot for round ``round_``'s buffer (attempt ``attempt``), in
+        arrival order, as ``(row id, client id, base, meta JSON, tensor bytes)``; the caller decodes them."""
+        if not self._has_buffer:
+            return []
+        with self._lock, self._reading():
+            rows = self._conn.execute(
+                "SELECT id, client_id, base, meta, tensor FROM buffer_updates WHERE round = ? AND attempt = ? "
+                "AND after_snapshot = (SELECT coalesce(max(id), 0) FROM snapshots) ORDER BY id",
+                (round_, attempt)).fetchall()
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def load(self, parse: bool = True) -> Loaded:
         """The newest snapshot that verifies, its progress record and history, and a line per newer one that

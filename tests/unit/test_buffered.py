@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +190,80 @@ def test_a_run_directory_keeps_its_mode() -> None:
     with pytest.raises(ConfigError, match=r"^rounds\.mode"):
         check_identity({"rounds": {"mode": "sync"}, **opt}, {"rounds": {"mode": "buffered"}, **opt})
     check_identity({"rounds": {}, **opt}, {"rounds": {"mode": "sync"}, **opt})  # written before the mode existed
+
+
+def test_a_resumed_buffer_opens_with_the_updates_the_store_kept() -> None:
+    cfg = _cfg(min_available=4)
+    s, events = _fleet(4, cfg)
+    first = [c for e in events if isinstance(e, rm.TasksGranted) for c in e.clients]
+    _deliver(s, cfg, first)
+    for c in first[:2]:
+        rm.step_in_place(s, rm.UpdateAccepted(c, 1, 1.0), cfg, LIMITS)
+    assert s.phase == rm.AGGREGATING  # round 1's snapshot: first[2] in flight, from round 1's model
+    saved = json.loads(json.dumps(s.to_saved()))
+    resumed = rm.resume_buffered(rm.RoundState.from_dict(saved), 1, cfg, 50.0)
+    # round 2's buffer took two updates before the process died: first[2]'s (stale), and one of a device handed
+    # round 2's model after the snapshot (its task was lost with the process); the store kept both
+    late = next(c for c in resumed.clients if c not in first[2:])
+    rm.restore_buffer(resumed, [(first[2], 1), (late, 2)])
+    ev: list[rm.Event] = []
+    for i in range(4):  # the fleet joins again
+        _, e = rm.step_in_place(resumed, rm.Joined(f"c{i}", 51.0, num_samples=10), cfg, LIMITS)
+        ev += e
+        _, e = rm.step_in_place(resumed, rm.Polled(f"c{i}", 51.0), cfg, LIMITS)
+        ev += e
+    b = resumed.buffered
+    assert b is not None and resumed.round == 2
+    assert isinstance(ev[0], rm.RoundStarted) and ev[0].round == 2
+    # re-folded in arrival order, as if they had just arrived; M = 2: the buffer is full at once
+    assert ev[1:] == [rm.UpdateBuffered(first[2], 1, 2, 3), rm.TaskHanded(late, 2), rm.UpdateBuffered(late, 2, 2, 4),
+                      rm.RoundClosed(2, (first[2], late), "buffer_full")]
+    assert b.buffer == [[first[2], 1], [late, 2]] and b.arrivals == 4 and b.delivered == 1
+    assert first[2] not in b.flight and late not in b.flight
+    assert b.restored == [] and "restored" not in b.to_dict()  # applied once, never saved
+    assert resumed.phase == rm.AGGREGATING
+
+
+def test_the_store_keeps_the_open_buffers_updates_bit_for_bit(tmp_path: Path) -> None:
+    import torch
+
+    from fedcore.update_report import UpdateReport
+    from fedserver.buffered_rounds import BufferedUpdate, BufferJournal
+    from fedserver.store import Snapshot, StateStore, StoreError
+
+    store = StateStore(tmp_path / "state")
+    journal = BufferJournal(lambda: store)
+    assert store.buffered(1, 0) == []  # a store without buffered updates (every sync store) has no table
+    g = torch.Generator().manual_seed(0)
+    flats = [torch.randn(10, generator=g) * 0.7 for _ in range(3)]
+    reports = [UpdateReport(num_samples=10 + i, train_loss=0.1 * i, beta_hat=None if i else 0.25,
+                            extras={"kd_ce": 1.5}) for i in range(3)]
+    rows = [journal.record(2, 0, BufferedUpdate(f"c{i}", 1 + (i > 0), flats[i], reports[i], 100 + i, 1 - (i > 0)))
+            for i in (2, 0, 1)]  # arrival order c2, c0, c1
+    journal.record(2, 1, BufferedUpdate("c9", 2, flats[0], reports[0], 1, 0))  # another attempt of round 2
+    journal.record(3, 0, BufferedUpdate("c8", 2, flats[0], reports[0], 1, 1))  # a later round
+    journal.forget(rows[2])  # c1's was not taken after all
+    back = journal.load(2, 0, 10)
+    assert [u.client_id for u in back] == ["c2", "c0"] and [u.base for u in back] == [2, 1]
+    assert all(torch.equal(u.flat, flats[int(u.client_id[1])]) for u in back)
+    assert [u.report for u in back] == [reports[2], reports[0]]
+    assert [(u.nbytes, u.staleness) for u in back] == [(102, 0), (100, 1)]
+    store.close()
+    store = StateStore(tmp_path / "state")  # survives a reopen (a restarted process)
+    journal = BufferJournal(lambda: store)
+    assert [u.client_id for u in journal.load(2, 0, 10)] == ["c2", "c0"]
+    with pytest.raises(StoreError, match=r"state\.db: buffered update \d+ of round 2 does not decode .*Ways on"):
+        journal.load(2, 0, 11)  # not this model's size
+    # the snapshot of round 2 completes the buffer: its rows go; a later round's row stays, but a server resumes
+    # only with the rows written after the snapshot it resumes from (c8's was written before it: another timeline)
+    store.save(Snapshot(2, {"round_state": {}}, {}))
+    assert journal.load(2, 0, 10) == [] and journal.load(2, 1, 10) == []
+    assert store._conn.execute("SELECT client_id FROM buffer_updates").fetchall() == [("c8",)]
+    assert journal.load(3, 0, 10) == []
+    journal.record(3, 0, BufferedUpdate("c7", 2, flats[1], reports[1], 1, 1))
+    assert [u.client_id for u in journal.load(3, 0, 10)] == ["c7"]
+    store._conn.execute("UPDATE buffer_updates SET meta = 'not json'")
+    with pytest.raises(StoreError, match=r"state\.db: buffered update \d+ of round 3 does not decode .*Ways on"):
+        journal.load(3, 0, 10)
+    store.close()
+    assert BufferJournal(lambda: None).load(2, 0, 10) == []
