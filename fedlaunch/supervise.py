@@ -25,10 +25,22 @@ from fedlaunch.logs import file_size, last_error, logged_since
 from fedlaunch.plan import client_id, server_command
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_server_port(host: str = "127.0.0.1", tries: int = 64) -> int:
+    """A port P on ``host`` that was free a moment ago with P + 1 free too: a server on P takes P + 1 for its framed
+    port (``server.framed_address = "auto"``), and a P + 1 held by someone else would refuse it (exit 2)."""
+    for _ in range(tries):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+            if port >= 65535:
+                continue
+            with socket.socket() as t:
+                try:
+                    t.bind((host, port + 1))
+                except OSError:
+                    continue
+            return port
+    raise OSError(f"no free pair of ports (P, P + 1) on {host} in {tries} tries")
 
 
 class Host(Protocol):
@@ -85,7 +97,7 @@ class Outcome:
 
 
 def start(args: argparse.Namespace, run_dir: Path) -> Launch:
-    port = args.port or _free_port()
+    port = args.port or free_server_port()
     # With Ray, hosts on other machines reach the server at --server-host (default: this node's IP).
     address = f"{args.server_host}:{port}"
     listen = f"0.0.0.0:{port}" if args.ray else address

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, with the next one free too (a server there takes it for
+    its framed port: ``fedlaunch.supervise.free_server_port``)."""
+    from fedlaunch.supervise import free_server_port
+
+    return free_server_port()
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import torch
 from fedcore.serialization import load_state
 from fedlaunch.hosts import HostSpec, worker_command
 from fedlaunch.plan import client_id
+from fedlaunch.supervise import free_server_port
 
 pytestmark = pytest.mark.system
 
@@ -36,9 +36,7 @@ def _env() -> dict[str, str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_server_port()  # its framed port, P + 1, free too
 
 
 def _final(run_dir: Path) -> dict[str, torch.Tensor]:

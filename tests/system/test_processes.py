@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from fedcore.serialization import load_state
+from fedlaunch.supervise import free_server_port
 
 pytestmark = pytest.mark.system
 
@@ -28,9 +28,7 @@ def _exe(name: str) -> list[str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_server_port()  # its framed port, P + 1, free too
 
 
 def _env() -> dict[str, str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from fedlaunch.hosts import HostSpec, worker_command
 from fedlaunch.plan import client_id
+from fedlaunch.supervise import free_server_port
 
 pytestmark = pytest.mark.system
 
@@ -31,9 +31,7 @@ def _env() -> dict[str, str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_server_port()  # its framed port, P + 1, free too
 
 
 def test_devices_killed_at_each_phase_leave_correct_rounds(tmp_path: Path) -> None:
