@@ -123,8 +123,9 @@ def test_a_typo_in_an_experiment_file_is_refused_naming_the_key(tmp_path: Path, 
     r, seconds = _launch("--config", str(cfg), "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
-        "launch: configuration error: rounds.roundz: unknown field; known: clients_per_round, min_available, "
-        "min_updates, num_rounds, over_select, round_timeout_s, sampling_timeout_s, seed"]
+        "launch: configuration error: rounds.roundz: unknown field; known: clients_per_round, concurrency, "
+        "max_staleness, min_available, min_updates, mode, num_rounds, over_select, replay, round_timeout_s, "
+        "sampling_timeout_s, seed, staleness, staleness_a, staleness_b"]
     assert seconds < _budget(3.0, load_factor)
     assert not (tmp_path / "run").exists()  # nothing started, nothing written
     cfg.write_text("[launch]\nclientz = 3\n")
