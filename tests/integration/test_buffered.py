@@ -4,6 +4,8 @@ second run that follows its arrival log (rounds.replay) and must give bit-identi
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,52 @@ def test_buffers_go_through_dp_and_a_server_optimizer(tmp_path: Path) -> None:
     assert [r["dp_noise_multiplier"] for r in rows] == [1.0] * rounds
     assert [r["dp_epsilon"] for r in rows] == pytest.approx(eps, rel=1e-9)
     assert all(r["metrics"]["num_updates"] == m for r in rows)
+
+
+def test_a_robust_rule_runs_on_the_buffer_of_staleness_weighted_updates(tmp_path: Path) -> None:
+    """The coordinate-wise median takes the buffer after each update was scaled by its staleness weight: a buffer of
+    an attacker's -1e4, a fresh +0.02 and a one-buffer-stale +0.01 (weighted 1/sqrt(2) by FedBuff's default) moves
+    the model by the stale update's 0.01/sqrt(2), not by the attacker's, and not by the unweighted +0.01."""
+    from fedguard.v1 import fedguard_pb2 as pb
+    from fedserver import ServerThread
+    from tests.integration.helpers import mark_ready, pull_model, stub, update_messages
+
+    cfg = server_config(tmp_path, rounds={"num_rounds": 2, "clients_per_round": 3, "mode": "buffered",
+                                          "concurrency": 4, "min_available": 4, "max_staleness": 2},
+                        aggregation={"rule": "median"})
+    srv = ServerThread(cfg, linger_s=0.2).start()
+    try:
+        ch, s = stub(srv.address)
+        x0, x1, x2, x3 = (s.Join(pb.JoinRequest(client_id=f"x{i}"), timeout=5).session_id for i in range(4))
+        mark_ready(s, [x0, x1, x2, x3])
+        tasks = {sid: pull_model(s, sid) for sid in (x0, x1, x2, x3)}
+        assert all(isinstance(h, pb.TaskHeader) and h.round == 1 and w is not None for h, w in tasks.values())
+        w0 = tasks[x0][1]
+        assert w0 is not None
+        # Buffer 1 (every update fresh): the median drops the attacker's +1e4.
+        for sid, shift in ((x0, 1e4), (x1, 0.01), (x2, 0.01)):
+            assert s.PushUpdate(update_messages(sid, 1, {k: v + shift for k, v in w0.items()}), timeout=10).accepted
+        # x3 still trains from round 1's model; x0 and x1 are handed round 2's.
+        h0, w1 = pull_model(s, x0)
+        h1, w1b = pull_model(s, x1)
+        assert isinstance(h0, pb.TaskHeader) and h0.round == 2 and isinstance(h1, pb.TaskHeader) and h1.round == 2
+        assert w1 is not None and w1b is not None
+        for k in w0:
+            torch.testing.assert_close(w1[k], w0[k] + 0.01)
+        # Buffer 2: -1e4 (fresh), +0.02 (fresh), +0.01 from round 1's model (stale by 1: weight 2^-1/2).
+        assert s.PushUpdate(update_messages(x0, 2, {k: v - 1e4 for k, v in w1.items()}), timeout=10).accepted
+        assert s.PushUpdate(update_messages(x1, 2, {k: v + 0.02 for k, v in w1.items()}), timeout=10).accepted
+        assert s.PushUpdate(update_messages(x3, 1, {k: v + 0.01 for k, v in w0.items()}), timeout=10).accepted
+        deadline = time.monotonic() + 10
+        while srv.coordinator.state.phase != "finished" and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.02)
+        final = srv.coordinator.global_state  # type: ignore[union-attr]
+        # float32 throughout: each coordinate is a few float32 roundings of magnitude <= |w| + 0.02, well inside
+        # assert_close's float32 tolerance (rtol 1.3e-6, atol 1e-5); the alternatives differ by >= 2.9e-3.
+        for k in w0:
+            torch.testing.assert_close(final[k], w1[k] + 0.01 / math.sqrt(2.0))
+        ch.close()
+    finally:
+        srv.stop()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["staleness_max"]) for r in rows] == [(1, 0), (2, 1)]
