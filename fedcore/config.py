@@ -71,7 +71,8 @@ class ServerSection:
     # port 0 picks a free one. A port that cannot be bound refuses the server (exit 2), never silently. The port is
     # announced at join; a client that cannot reach it (a firewall, a proxy) uses gRPC's Session stream, after a
     # refusal at once, after a port that answers nothing in 5 s, once per join. Less server CPU per client-round
-    # than gRPC's stream, and no gRPC threads in the client (docs/benchmarks.md, "The framed Session transport").
+    # than gRPC's stream, and no gRPC threads in the client (docs/results/benchmark_history.md, "The framed
+    # Session transport").
     framed_address: str = "auto"
     # Connections the framed port holds at once; one more is answered RESOURCE_EXHAUSTED and closed (its client
     # retries). A connection that says nothing within stream_idle_timeout_s is closed, its TLS handshake too.

@@ -3,8 +3,8 @@ served on the server's event loop thread instead of through gRPC's asyncio serve
 
 Why it exists: gRPC's asyncio server hands every message to a poller thread of its own and back, and on the 2-core
 VM waking that thread costs 15-46 µs of CPU each time: a quarter of the server's CPU per client-round
-(docs/benchmarks.md, "Under the profile"). The same round on a connection the event loop reads itself costs the
-server 17-20 µs instead of 150-207 µs (``tools/bench/bench_grpc_floor.py``, the ``bare`` shape).
+(docs/results/benchmark_history.md, "Under the profile"). The same round on a connection the event loop reads
+itself costs the server 17-20 µs instead of 150-207 µs (``tools/bench/bench_grpc_floor.py``, the ``bare`` shape).
 
 The format (both directions, after the preamble):
 

@@ -5,8 +5,8 @@ Every server message passes through the event loop several times (gRPC's complet
 coroutine is resumed, its futures resolved and its callbacks scheduled); on uvloop that costs less: a bare grpc.aio
 stream's round (no fedguard code, ``tools/bench/bench_grpc_floor.py --event-loop``) took 137–147 µs of server CPU
 on uvloop against 150–163 µs on the standard loop, and a unary call 217–230 against 250–283 µs, interleaved in the same
-minutes (docs/benchmarks.md, "The event loop"). Nothing the federation computes depends on the loop: arrival order
-never changes a result (the aggregator orders by client id), so the models are bit-identical on either.
+minutes (docs/results/benchmark_history.md, "The event loop"). Nothing the federation computes depends on the loop:
+arrival order never changes a result (the aggregator orders by client id), so the models are bit-identical on either.
 
 ``auto`` (the default) takes uvloop when it can be imported and the standard loop otherwise (uvloop has no Windows
 build); ``uvloop`` insists on it (a clear :class:`ConfigError` naming the field when it is missing); ``asyncio``

@@ -51,3 +51,33 @@ def test_the_readme_stays_a_front_page() -> None:
     assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into docs/"
     assert lines[2:6] == ["```bash", *lines[3:5], "```"] and lines[3].startswith("bash tools/demo.sh")
     assert lines[4].startswith("bash tools/test.sh")
+
+
+# A citation in prose or code: docs/<file>.md, "<section>" (a heading, or a bold or italic lead-in of a paragraph).
+CITATION = re.compile(r'(docs/[\w/.-]+\.md),?\s+"([^"]+)"')
+SOURCES = [p for d in ("fedcore", "fedserver", "fedclient", "fedlaunch", "fedguard", "tools")
+           for p in sorted((ROOT / d).rglob("*.py"))] + DOCS
+
+
+def _sections(path: Path) -> list[str]:
+    text = path.read_text()
+    return ([m.group(1) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)]
+            + re.findall(r"\*\*([^*]+)\*\*", text) + re.findall(r"(?<![*\w])\*([^*\s][^*]*)\*(?![*\w])", text))
+
+
+def test_every_cited_section_exists() -> None:
+    """Code and docs that send a reader to `docs/x.md, "Section"` name a file that exists and a heading (or a
+    paragraph's bold or italic lead-in) there that contains the words: a section that moved is a broken pointer."""
+    broken, cache = [], {}
+    for src in SOURCES:
+        # Comments and docstrings wrap: join the lines, dropping a comment's leading '#'.
+        text = re.sub(r"\s+", " ", re.sub(r"\n\s*#\s?", " ", src.read_text()))
+        for doc, section in CITATION.findall(text):
+            path = ROOT / doc
+            if not path.exists():
+                broken.append(f"{src.relative_to(ROOT)}: {doc} (no such file)")
+                continue
+            sections = cache.setdefault(doc, [s.lower() for s in _sections(path)])
+            if not any(section.lower() in s for s in sections):
+                broken.append(f'{src.relative_to(ROOT)}: {doc}, "{section}" (no such section)')
+    assert not broken, "\n".join(broken)
