@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,10 +44,19 @@ def test_a_pairs_ratios_their_medians_and_the_table() -> None:
     assert "between completions" not in text  # no pair has it
 
 
-def _fake(lines: dict[str, str], delay: float = 0.0, fail: str = "") -> bp.Runner:
-    """A runner that prints ``lines[tree name]`` after ``delay`` (exit 3 for the tree named ``fail``)."""
+def _fake(lines: dict[str, str], fail: str = "", meet: Path | None = None) -> bp.Runner:
+    """A runner that prints ``lines[tree name]`` (exit 3 for the tree named ``fail``). With ``meet``, each run
+    first marks itself started there and waits (up to 10 s) for the other tree's mark, then records whether it saw
+    it: two runs that overlap both see each other, whatever the machine's load."""
     def start(tree: Path, args: list[str]) -> subprocess.Popen[str]:
-        code = (f"import time, sys; time.sleep({delay}); print({lines[tree.name]!r}); "
+        wait = ""
+        if meet is not None:
+            other = "head" if tree.name == "base" else "base"
+            wait = (f"import pathlib; m = pathlib.Path({str(meet)!r}); (m / '{tree.name}.started').touch(); "
+                    f"t = time.monotonic() + 10\n"
+                    f"while not (m / '{other}.started').exists() and time.monotonic() < t: time.sleep(0.01)\n"
+                    f"if (m / '{other}.started').exists(): (m / '{tree.name}.saw_{other}').touch()\n")
+        code = (f"import time, sys\n{wait}print({lines[tree.name]!r}); "
                 f"sys.exit({3 if tree.name == fail else 0})")
         return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
@@ -56,12 +64,13 @@ def _fake(lines: dict[str, str], delay: float = 0.0, fail: str = "") -> bp.Runne
 
 
 def test_a_pairs_runs_start_together_and_a_failed_run_is_named(tmp_path: Path) -> None:
-    base, head = tmp_path / "base", tmp_path / "head"
+    base, head, meet = tmp_path / "base", tmp_path / "head", tmp_path / "meet"
+    meet.mkdir()
     slower = OUTPUT.replace("0.0383", "0.0400")
-    began = time.monotonic()
-    pair = bp.run_pair(base, head, [], start=_fake({"base": slower, "head": OUTPUT}, delay=1.0), keep=tmp_path,
+    pair = bp.run_pair(base, head, [], start=_fake({"base": slower, "head": OUTPUT}, meet=meet), keep=tmp_path,
                        index=2)
-    assert time.monotonic() - began < 1.9  # the two one-second runs overlapped
+    # Each run waited for the other to start: run one after the other, the first would not have seen the second.
+    assert sorted(p.name for p in meet.glob("*.saw_*")) == ["base.saw_head", "head.saw_base"]
     assert (pair.base["round_s"], pair.head["round_s"]) == (0.04, 0.0383)
     assert (tmp_path / "pair2-base.txt").read_text().startswith("K = 50")
     with pytest.raises(RuntimeError, match="the head run of pair 0 exited with 3"):
