@@ -25,7 +25,7 @@ from fedclient.state import ClientState
 from fedcore.config import ClientConfig, FederationInfo
 from fedcore.data import ClientData, DataError, load_client_data
 from fedcore.data.source import DataSource
-from fedcore.metrics import train_private_model
+from fedcore.metrics import private_model_key, train_private_model
 from fedcore.models import build_model, model_fingerprint, model_manifest
 from fedcore.seeds import GLOBAL_RNG_LOCK, private_seed
 from fedcore.trust import (
@@ -126,16 +126,18 @@ class ClientSetup:
     def _private_model(self, fed: FederationInfo) -> float:
         """P_i: accuracy of a stand-alone model trained on the clean local data (recorded in the state file)."""
         assert self.model is not None and self.data is not None
-        cached = self.state.private_accuracy(model_fingerprint(self.model))
+        # One implementation of "the private model's training": train_private_model drops prox_mu and decay.
+        tc = dataclasses.replace(fed.training, local_epochs=1, lr_decay=1.0)
+        seed = private_seed(fed.seed, self.client_id)
+        trained_as = private_model_key(self.data, tc, self.config.private_epochs, seed)
+        cached = self.state.private_accuracy(model_fingerprint(self.model), trained_as)
         if cached is not None:
             self.log.info("private_model.loaded", client_id=self.client_id, accuracy=round(cached, 4))
             return cached
-        # One implementation of "the private model's training": train_private_model drops prox_mu and decay.
-        tc = dataclasses.replace(fed.training, local_epochs=1, lr_decay=1.0)
         started = time.monotonic()
         state, acc = train_private_model(self.model_factory(fed), self.data, tc, self.config.private_epochs,
-                                         seed=private_seed(fed.seed, self.client_id), device=self.device)
-        self.state.record_private_model(state, acc, self.config.private_epochs)
+                                         seed=seed, device=self.device)
+        self.state.record_private_model(state, acc, self.config.private_epochs, trained_as)
         self.log.info("private_model.trained", client_id=self.client_id, accuracy=round(acc, 4),
                       epochs=self.config.private_epochs, seconds=round(time.monotonic() - started, 2))
         return acc

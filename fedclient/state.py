@@ -9,7 +9,7 @@ own, named in the state file.
 Layout (version 1)::
 
     state_dir/client_state.json    {"format": "fedguard.client_state", "version": 1, "client_id": ...,
-                                    "private_model": {"fingerprint", "accuracy", "epochs"} | null,
+                                    "private_model": {"fingerprint", "accuracy", "epochs", "trained_as"} | null,
                                     "individual": {...} | null, "files": {"trainer_state": "trainer_state.fgt"}}
     state_dir/trainer_state.fgt    the trainer state (written after each round)
     state_dir/compression_residual.fgt  compressed updates' error-feedback residual (float32 [P], with the kind and
@@ -66,11 +66,14 @@ class ClientStateError(RuntimeError):
 @dataclass(frozen=True)
 class PrivateModelRecord:
     """Pᵢ, the accuracy of the client's stand-alone model, and what it was trained as: it is reused only for a model
-    of the same ``fingerprint`` (parameter names, dtypes and shapes)."""
+    of the same ``fingerprint`` (parameter names, dtypes and shapes) trained as ``trained_as``
+    (:func:`fedcore.metrics.private_model_key`: the data, training settings, epochs and seed; "" in records written
+    before it was kept, which are never reused)."""
 
     fingerprint: str
     accuracy: float
     epochs: int = 0
+    trained_as: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,11 +110,13 @@ def _private_record(raw: object) -> PrivateModelRecord | None:
     if not isinstance(raw, dict):
         raise ValueError(f"private_model: expected an object or null, got {raw!r}")
     fp, acc, epochs = raw.get("fingerprint"), raw.get("accuracy"), raw.get("epochs", 0)
+    trained_as = raw.get("trained_as", "")
     if not isinstance(fp, str) or isinstance(acc, bool) or not isinstance(acc, (int, float)) \
-            or not math.isfinite(acc) or isinstance(epochs, bool) or not isinstance(epochs, int):
+            or not math.isfinite(acc) or isinstance(epochs, bool) or not isinstance(epochs, int) \
+            or not isinstance(trained_as, str):
         raise ValueError(f"private_model: expected fingerprint (string), accuracy (number), epochs (integer), "
-                         f"got {raw!r}")
-    return PrivateModelRecord(fp, float(acc), epochs)
+                         f"trained_as (string), got {raw!r}")
+    return PrivateModelRecord(fp, float(acc), epochs, trained_as)
 
 
 def _individual(raw: object) -> IndividualState | None:
@@ -273,13 +278,17 @@ class ClientState:
 
     # ---- Pᵢ ----
 
-    def private_accuracy(self, model_fingerprint: str) -> float | None:
-        """Pᵢ of a private model of this fingerprint trained before, else None."""
+    def private_accuracy(self, model_fingerprint: str, trained_as: str) -> float | None:
+        """Pᵢ of a private model of this fingerprint trained before as ``trained_as``
+        (:func:`fedcore.metrics.private_model_key`), else None."""
         rec = self.doc.private_model
-        return rec.accuracy if rec is not None and rec.fingerprint == model_fingerprint else None
+        if rec is None or not trained_as or rec.fingerprint != model_fingerprint or rec.trained_as != trained_as:
+            return None
+        return rec.accuracy
 
-    def record_private_model(self, state: Mapping[str, torch.Tensor], accuracy: float, epochs: int) -> None:
-        self._update(private_model=PrivateModelRecord(_fingerprint(state), float(accuracy), int(epochs)))
+    def record_private_model(self, state: Mapping[str, torch.Tensor], accuracy: float, epochs: int,
+                             trained_as: str = "") -> None:
+        self._update(private_model=PrivateModelRecord(_fingerprint(state), float(accuracy), int(epochs), trained_as))
 
     # ---- individual-level NFL measures ----
 

@@ -314,7 +314,8 @@ class ClientConfig:
     # Simulation: index of the client's shard when the server's dataset is used; -1 uses the server's.
     data_index: int = -1
     # Train a stand-alone private model for this many epochs before joining and report its test accuracy
-    # P_i with every update (so the server can compute beta_i = V_i - P_i); 0 skips it. Cached in state_dir.
+    # P_i with every update (so the server can compute beta_i = V_i - P_i); 0 skips it. Cached in state_dir (reused
+    # while the data, training settings, epochs and seed are the same).
     private_epochs: int = 0
     # Simulation only: play a data-poisoning attacker.
     attack: AttackConfig = field(default_factory=AttackConfig)

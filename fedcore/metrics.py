@@ -16,6 +16,8 @@ multiply by 100 to compare with the papers' percentage points.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
@@ -104,6 +106,23 @@ def train_private_model(model_factory: Callable[[], nn.Module], data: ClientData
     accuracy = local_accuracy(model, data)
     state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     return state, accuracy
+
+
+
+def private_model_key(data: ClientData, config: TrainingConfig, epochs: int, seed: int) -> str:
+    """What a private model is a function of, besides its architecture: a digest of the client's data (train and
+    test tensors, bytes and shapes), the training settings :func:`train_private_model` reads, ``epochs`` and
+    ``seed``. A cached Pᵢ is reused only under the same key (and model fingerprint): a client that joins a federation
+    with another seed, other data or other training settings trains its private model again."""
+    h = hashlib.sha256()
+    cfg = dataclasses.replace(config, local_epochs=epochs, prox_mu=0.0)
+    h.update(json.dumps({"training": dataclasses.asdict(cfg), "epochs": epochs, "seed": seed,
+                         "classes": data.num_classes}, sort_keys=True, default=str).encode())
+    for t in (data.x_train, data.y_train, data.x_test, data.y_test):
+        c = t.detach().to("cpu").contiguous()
+        h.update(f"{c.dtype}{tuple(c.shape)}".encode())
+        h.update(c.numpy().tobytes())
+    return h.hexdigest()[:32]
 
 
 def save_private_model(state_dir: str | os.PathLike[str], state: Mapping[str, torch.Tensor], accuracy: float,

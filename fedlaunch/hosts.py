@@ -20,6 +20,9 @@ from fedcore.config import from_dict
 from fedlaunch.credentials import client_tls_options
 from fedlaunch.plan import client_id
 
+# The launcher's clients keep their state under <run dir>/client_state/<client id> (:attr:`HostSpec.state_root`).
+CLIENT_STATE_DIR = "client_state"
+
 
 @dataclass
 class HostSpec:
@@ -53,11 +56,17 @@ class HostSpec:
     long_poll_s: float = 60.0
     # Pulls and pushes on one Session stream per client (ClientConfig.session_stream); False: the unary calls.
     session_stream: bool = True
+    # Each client keeps its state (Pᵢ of its private model, its NFL counters, its trainer state) in
+    # <state_root>/<client id>, so a resumed launch finds it (ClientConfig.state_dir); "": in memory only (Ray hosts
+    # on other machines: the launcher's directory is not theirs).
+    state_root: str = ""
 
 
-def host_spec(args: argparse.Namespace, address: str, first: int, count: int, ship_tls: bool = False) -> HostSpec:
+def host_spec(args: argparse.Namespace, address: str, first: int, count: int, ship_tls: bool = False,
+              state_root: str = "") -> HostSpec:
     """The :class:`HostSpec` of the host running clients ``first`` .. ``first + count - 1``; ``ship_tls`` puts the
-    certificates it needs into the spec itself (hosts on other machines cannot read the launcher's files)."""
+    certificates it needs into the spec itself (hosts on other machines cannot read the launcher's files);
+    ``state_root``: where the clients keep their state (:attr:`HostSpec.state_root`)."""
     ids = [client_id(i) for i in range(first, first + count)]
     tls_files: dict[str, str] = {}
     if ship_tls and args.tls_dir is not None:
@@ -69,7 +78,7 @@ def host_spec(args: argparse.Namespace, address: str, first: int, count: int, sh
         holdouts=[i for i in args.holdout_ids if first <= i < first + count], attack=dict(args.attack),
         simulation={cid: args.simulation.get(cid, {}) for cid in ids},
         tls_dir="" if ship_tls or args.tls_dir is None else str(args.tls_dir), tls_files=tls_files,
-        torch_threads=args.torch_threads, data_options=dict(args.data_options))
+        torch_threads=args.torch_threads, data_options=dict(args.data_options), state_root=state_root)
 
 
 def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
@@ -105,6 +114,8 @@ def host_clients(spec: HostSpec, stop: threading.Event | None = None) -> int:
                                           simulation=from_dict(SimulationConfig, spec.simulation.get(client_id(i), {}),
                                                                "simulation"),
                                           opt_out=i in spec.holdouts,
+                                          state_dir=str(Path(spec.state_root) / client_id(i)) if spec.state_root
+                                          else "",
                                           private_epochs=spec.private_epochs, device=spec.device,
                                           backoff_max_s=spec.backoff_max, data_options=dict(spec.data_options),
                                           long_poll_s=spec.long_poll_s, session_stream=spec.session_stream,

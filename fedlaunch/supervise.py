@@ -20,7 +20,7 @@ from typing import IO, Any, Protocol
 from fedcore.config import toml_literal
 from fedcore.report import RoundReport
 from fedlaunch.credentials import OPERATOR_TOKEN, client_tls_flags
-from fedlaunch.hosts import host_spec, worker_command
+from fedlaunch.hosts import CLIENT_STATE_DIR, host_spec, worker_command
 from fedlaunch.logs import file_size, last_error, logged_since
 from fedlaunch.plan import client_id, server_command
 
@@ -138,12 +138,14 @@ def start(args: argparse.Namespace, run_dir: Path) -> Launch:
         clog = open(log_path, mode)  # noqa: SIM115
         logs.append(clog)
         if args.virtual:
-            cmd = worker_command(host_spec(args, address, first, count), run_dir / "hosts" / f"host-{p}.json")
+            cmd = worker_command(host_spec(args, address, first, count, state_root=str(run_dir / CLIENT_STATE_DIR)),
+                                 run_dir / "hosts" / f"host-{p}.json")
         else:
             cmd = [py, "-m", "fedclient", "--server", address, "--client-id", client_id(first),
                    "--data-index", str(first), "--trainer", args.trainer, "--torch-threads", str(args.torch_threads),
                    "--log-json", "--log-level", "warning",
                    "--private-epochs", str(args.private_epochs), "--device", args.device,
+                   "--state-dir", str(run_dir / CLIENT_STATE_DIR / client_id(first)),
                    *client_tls_flags(args.tls_dir, client_id(first))]
             if args.data_options:
                 cmd += ["--data-options", json.dumps(args.data_options)]

@@ -51,9 +51,11 @@ from fedserver.store import (
 )
 
 STATE_DIR = "state"
+# What --fresh moves aside (a new federation must not inherit them): the server's files, and the state of the
+# launcher's clients (fedlaunch.hosts.CLIENT_STATE_DIR: Pᵢ, NFL counters, trainer state), which a resume reads.
 RUN_FILES = ("state", "rounds.jsonl", "arrivals.jsonl",
              "config.json", "final_model.fgt", "final_model.safetensors", "final_model.json",
-             "final_clusters")
+             "final_clusters", "client_state")
 # Configuration sections and fields that define the federation: a resumed run must keep them.
 IDENTITY = ("model", "data", "training", "aggregation", "rounds.seed", "rounds.clients_per_round",
             "rounds.over_select", "rounds.mode", "nfl.mode", "nfl.detector", "server_optimizer")

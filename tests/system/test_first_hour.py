@@ -268,10 +268,11 @@ def test_clients_that_vanish_on_purpose_are_not_failures(tmp_path: Path) -> None
 
 @pytest.fixture
 def stopped_run(tmp_path: Path, load_factor: float) -> Iterator[tuple[Path, Running, float]]:
-    """A launcher (mutual TLS, the default) stopped by Ctrl-C after round 2 of 40 (each upload 0.2 s late)."""
+    """A launcher (mutual TLS, the default) stopped by Ctrl-C after round 2 of 40 (each upload 0.2 s late); the
+    clients train a one-epoch private model first."""
     run = tmp_path / "run"
     launcher = Running("--clients", "3", "--rounds", "40", "--trainer", "noop", "--straggler-delay", "0.2",
-                       "--run-dir", str(run))
+                       "--private-epochs", "1", "--run-dir", str(run))
     launcher.wait_for_round(2, timeout=_budget(30.0, load_factor))
     t = time.monotonic()
     launcher.ctrl_c()
@@ -301,11 +302,21 @@ def test_resume_with_the_run_dir_alone_finishes_the_federation(stopped_run: tupl
     r, _ = _launch("--resume", "--run-dir", str(run), "--clients", "4")
     assert r.returncode == 2
     assert "launch: configuration error: --clients: was 3 when this federation started, now 4" in r.stderr
+    # Each client kept Pᵢ of its private model in its state dir under the run dir. A marked accuracy shows whether
+    # the resumed clients reuse it (a client that trained again would record the accuracy it measured).
+    states = sorted((run / "client_state").glob("*/client_state.json"))
+    assert [p.parent.name for p in states] == ["client-00000", "client-00001", "client-00002"]
+    for p in states:
+        doc = json.loads(p.read_text())
+        assert doc["private_model"]["epochs"] == 1 and len(doc["private_model"]["trained_as"]) == 32
+        doc["private_model"]["accuracy"] = 0.1234567
+        p.write_text(json.dumps(doc))
     r, _ = _launch("--resume", "--run-dir", str(run), timeout=_budget(120.0, load_factor))
     assert r.returncode == 0, r.stdout + r.stderr
     rounds = [json.loads(line)["round"] for line in (run / "rounds.jsonl").read_text().splitlines()]
     assert sorted(set(rounds)) == list(range(1, 41))
     assert f"final model {run / 'final_model.fgt'}" in r.stdout
+    assert [json.loads(p.read_text())["private_model"]["accuracy"] for p in states] == [0.1234567] * 3
 
 
 def test_a_second_ctrl_c_kills_every_child_at_once(tmp_path: Path, load_factor: float) -> None:

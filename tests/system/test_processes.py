@@ -141,6 +141,21 @@ def test_launcher_virtual_mode_prints_one_row_per_round(tmp_path: Path) -> None:
     assert (tmp_path / "plain" / "final_model.fgt").read_bytes() == (tmp_path / "run" / "final_model.fgt").read_bytes()
 
 
+def test_virtual_clients_keep_their_state_under_the_run_dir(tmp_path: Path) -> None:
+    """A virtual host's clients record Pᵢ in <run dir>/client_state/<client id> (what a resumed launch reads; the
+    resume itself: tests/system/test_first_hour.py)."""
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "fedlaunch", "--clients", "2", "-k", "2", "--rounds", "1", "--virtual",
+                        "--procs", "1", "--private-epochs", "1", "--insecure", "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=180, env=_env(), cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    docs = [json.loads((tmp_path / "run" / "client_state" / cid / "client_state.json").read_text())
+            for cid in ("client-00000", "client-00001")]
+    assert [d["private_model"]["epochs"] for d in docs] == [1, 1]
+    # Two clients, two shards: two keys.
+    assert len({d["private_model"]["trained_as"] for d in docs}) == 2
+
+
 def test_certificates_from_the_cli_then_mutual_tls_and_signed_requests_between_processes(tmp_path: Path) -> None:
     """fedguard-certs makes a CA, a server certificate, client certificates and enrolled signing keys; fedserver
     requires both mutual TLS and signatures; two fedclient processes train; the secret stays out of the run dir."""

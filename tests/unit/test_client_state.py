@@ -52,14 +52,16 @@ def test_the_state_file_is_written_whole_with_its_format_and_version(tmp_path: P
     assert (doc["format"], doc["version"], doc["client_id"]) == (FORMAT, VERSION, cid)
     assert doc["files"] == {"trainer_state": TRAINER_STATE_FILE}
     state.save_individual(IndividualState(negative_count=1, last_round=1))
-    state.record_private_model(_model_state(), 0.75, 2)
+    state.record_private_model(_model_state(), 0.75, 2, "key-a")
     # No temp file is left beside it, and a reopened state reads every field back.
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [STATE_FILE]
     again = ClientState.open(tmp_path / "s")
     assert again.client_id() == cid
     assert again.individual() == IndividualState(negative_count=1, last_round=1)
-    assert again.private_accuracy(fingerprint(manifest_of(_model_state()))) == 0.75
-    assert again.private_accuracy("another model") is None
+    assert again.private_accuracy(fingerprint(manifest_of(_model_state())), "key-a") == 0.75
+    assert again.private_accuracy("another model", "key-a") is None
+    # Trained as something else (other data, seed, epochs or settings): not reused.
+    assert again.private_accuracy(fingerprint(manifest_of(_model_state())), "key-b") is None
 
 
 def test_a_failed_write_leaves_the_previous_state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,8 +100,11 @@ def test_the_old_layout_is_migrated_and_only_then_moved_aside(tmp_path: Path) ->
     assert (d / TRAINER_STATE_FILE).read_bytes() == trainer_bytes  # the tensor file stays as it is
     assert state.client_id() == "client-0123456789ab"
     assert state.individual() == IndividualState(negative_count=2, adapting=True, started_round=4, last_round=5)
-    assert state.private_accuracy(fingerprint(manifest_of(_model_state()))) == 0.8125
-    assert state.doc.private_model is not None and state.doc.private_model.epochs == 0  # the old file: unknown
+    assert state.doc.private_model is not None and state.doc.private_model.accuracy == 0.8125
+    assert state.doc.private_model.epochs == 0  # the old file did not say
+    # ... nor what it was trained as (data, seed, settings): kept, never reused in place of a trained one.
+    assert state.doc.private_model.trained_as == ""
+    assert state.private_accuracy(fingerprint(manifest_of(_model_state())), "any key") is None
     loaded = state.load_trainer_state()
     assert loaded is not None and loaded.active and loaded.adapted is not None
     assert torch.equal(loaded.adapted["w"], _model_state()["w"])

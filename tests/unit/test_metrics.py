@@ -20,6 +20,7 @@ from fedcore.metrics import (
     overall_gain,
     performance_gain,
     pooled_test_set,
+    private_model_key,
     save_private_model,
     train_private_model,
 )
@@ -116,3 +117,20 @@ def test_private_model_is_deterministic_and_round_trips(tmp_path: Path) -> None:
     model = factory()
     model.load_state_dict(loaded_state)
     assert local_accuracy(model, data) == pytest.approx(acc)
+
+
+def test_the_private_model_key_names_what_the_private_model_is_a_function_of() -> None:
+    data = load_client_data("synthetic", 0, 0, {"min_samples": 60, "max_samples": 60})
+    other = load_client_data("synthetic", 1, 0, {"min_samples": 60, "max_samples": 60})
+    cfg = TrainingConfig(batch_size=10, learning_rate=0.05)
+    key = private_model_key(data, cfg, 3, 7)
+    assert key == private_model_key(data, TrainingConfig(batch_size=10, learning_rate=0.05), 3, 7)
+    changed = [private_model_key(other, cfg, 3, 7), private_model_key(data, cfg, 4, 7),
+               private_model_key(data, cfg, 3, 8), private_model_key(data, TrainingConfig(batch_size=20,
+                                                                                          learning_rate=0.05), 3, 7)]
+    assert len({key, *changed}) == 5
+    # One label changed is other data.
+    y = data.y_train.clone()
+    y[0] = (y[0] + 1) % data.num_classes
+    relabelled = ClientData(data.x_train, y, data.x_test, data.y_test, data.num_classes)
+    assert private_model_key(relabelled, cfg, 3, 7) != key
