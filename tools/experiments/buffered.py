@@ -3,12 +3,17 @@
     python -m tools.experiments.buffered run --out runs/buffered --seeds 0 1 2 --parallel 2
     python -m tools.experiments.buffered nfl --out runs/buffered --rounds 60
     python -m tools.experiments.buffered report runs/buffered [runs/buffered_long] --target 0.85 --window 5
+    python -m tools.experiments.buffered run --out runs/heldout --seeds 3 4 --modes buffered --tag lr2 \
+        --buffered-set server_optimizer.name='"fedavgm"' --buffered-set server_optimizer.options='{lr = 2.0, momentum = 0.0}'
+    python -m tools.experiments.buffered report runs/heldout --seeds 3 4 --tag lr2
 
 ``run`` launches, per seed, a sync and a buffered federation of ``configs/mnist_stragglers.toml`` (``fedguard-launch``:
 a real fedserver and 100 virtual fedclients over loopback; every device a lognormal straggler, sigma = 1, and a 10%
 dropout per task), each in ``OUT/<mode>-s<seed>/``, ``--parallel`` at a time; the campaign machinery is
 :mod:`tools.runs` (records, resume, skip the finished). Sync selects K = 10 devices a round and waits for them (or the
-deadline); buffered keeps C = 20 devices training and forms a round of every M = 10 updates that arrive.
+deadline); buffered keeps C = 20 devices training and forms a round of every M = 10 updates that arrive. A variant of
+the buffered arm (``--buffered-set SECTION.KEY=VALUE``, repeatable: a server learning rate, another concurrency) runs
+as ``OUT/buffered-<tag>-s<seed>/`` under ``--tag``, and ``report --tag`` compares it with sync.
 
 ``nfl`` runs the NFL environment (``configs/mnist_nfl.toml``: 30% label-flipping attackers) in buffered mode with
 detect-and-recover, in ``OUT/nfl-buffered-s<seed>/``.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,15 +53,29 @@ def launch_cmd(config: str, run_dir: Path, seed: int, extra: list[str]) -> list[
             "--insecure", *DEVICES, *extra]
 
 
+def run_name(mode: str, seed: int, tag: str = "") -> str:
+    """``<mode>-s<seed>``; a tagged buffered variant ``buffered-<tag>-s<seed>`` (sync runs are never tagged)."""
+    return f"{mode}-{tag}-s{seed}" if tag and mode == "buffered" else f"{mode}-s{seed}"
+
+
 def jobs(args: argparse.Namespace) -> list[Job]:
     out = Path(args.out)
+    tag, settings = getattr(args, "tag", ""), list(getattr(args, "buffered_set", None) or [])
+    if settings and not tag:
+        raise SystemExit("run: --buffered-set needs a --tag (the variant's runs are named buffered-<tag>-s<seed>)")
+    if tag and not re.fullmatch(r"[a-z0-9]+", tag):
+        raise SystemExit(f"run: --tag must be lower-case letters and digits, got {tag!r}")
     plan = []
     for seed in args.seeds:
         for mode in args.modes:
-            extra = [*MODES[mode], "--rounds", str(args.rounds)]
-            run_dir = out / f"{mode}-s{seed}"
+            variant = settings if mode == "buffered" else []
+            extra = [*MODES[mode], *(x for item in variant for x in ("--server-set", item)), "--rounds",
+                     str(args.rounds)]
+            run_dir = out / run_name(mode, seed, tag)
             spec = {"experiment": "buffered", "mode": mode, "seed": seed, "config": CONFIG, "rounds": args.rounds,
                     "devices": DEVICES}
+            if variant:  # only then: the untagged runs' records stay what they were (they resume)
+                spec["buffered_set"] = variant
             plan.append(Job(run_dir.name, run_dir, launch_cmd(CONFIG, run_dir, seed, extra), spec, args.rounds))
     return plan
 
@@ -119,7 +139,7 @@ def report(args: argparse.Namespace) -> int:
         got: dict[str, tuple[float, int, int] | None] = {}
         sync_rounds = 0
         for mode in MODES:
-            rows = longest(dirs, f"{mode}-s{seed}")
+            rows = longest(dirs, run_name(mode, seed, args.tag))
             if not rows:
                 continue
             hit = time_to_target(rows, args.target, window)
@@ -174,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--rounds", type=int, default=40)
     r.add_argument("--parallel", type=int, default=2)
     r.add_argument("--timeout", type=float, default=0.0, help="stop a run after this many seconds (resumable)")
+    r.add_argument("--tag", default="", help="name of a variant of the buffered arm (runs buffered-<tag>-s<seed>)")
+    r.add_argument("--buffered-set", action="append", metavar="SECTION.KEY=VALUE",
+                   help="a server setting of the buffered runs only (repeatable; needs --tag)")
     n = sub.add_parser("nfl", help="the NFL environment in buffered mode")
     n.add_argument("--out", default="runs/buffered")
     n.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -188,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     s.add_argument("--target", type=float, default=0.85)
     s.add_argument("--window", type=int, default=5, help="rounds averaged before the target is compared")
+    s.add_argument("--tag", default="", help="compare the buffered variant of this tag with sync")
     args = p.parse_args(argv)
     if args.cmd == "run":
         run_jobs(jobs(args), args.parallel, args.timeout)
