@@ -3,8 +3,9 @@
     python -m tools.experiments.buffered run --out runs/buffered --seeds 0 1 2 --parallel 2
     python -m tools.experiments.buffered nfl --out runs/buffered --rounds 60
     python -m tools.experiments.buffered report runs/buffered [runs/buffered_long] --target 0.85 --window 5
-    python -m tools.experiments.buffered run --out runs/heldout --seeds 3 4 --modes buffered --tag lr2 \
-        --buffered-set server_optimizer.name='"fedavgm"' --buffered-set server_optimizer.options='{lr = 2.0, momentum = 0.0}'
+    python -m tools.experiments.buffered run --out runs/heldout --seeds 3 4 --tag lr2 \
+        --buffered-set server_optimizer.name='"fedavgm"' \
+        --buffered-set server_optimizer.options='{lr = 2.0, momentum = 0.0}'
     python -m tools.experiments.buffered report runs/heldout --seeds 3 4 --tag lr2
 
 ``run`` launches, per seed, a sync and a buffered federation of ``configs/mnist_stragglers.toml`` (``fedguard-launch``:
