@@ -68,3 +68,21 @@ def test_summarize_reads_kept_round_files_and_only_filters(tmp_path: Path) -> No
     assert "| ntd-hydra_s2-dyn_opt_unit (s1) | 0.800 | 0.500 | 0.300 | 92.69 -> 76.67 |" in text
     assert "| ntd-hydra_s2-none-s1 | 6 | 0.800 | 0.800 |" in text
     assert "moon-moon" not in text and "stopped" not in text
+
+
+def test_a_tagged_attack_setting_names_the_attacked_runs_and_reaches_only_them() -> None:
+    """Attack calibration (issue 49): --attack-set gamma_init=1.0 --tag g1 runs the attacked arms as
+    ``<attack>_g1`` with the option; the no-attack runs keep their names and arguments (they are the same runs)."""
+    runs = dict(plan("ntd", ["fedavg"], "unit", "g1", ["gamma_init=1.0"]))
+    assert sorted(runs) == ["ntd-fedavg-dyn_opt_unit_g1", "ntd-fedavg-none"]
+    attacked = runs["ntd-fedavg-dyn_opt_unit_g1"]
+    sets = [attacked[i + 1] for i, a in enumerate(attacked) if a == "--attack-set"]
+    assert sets == ["dev_type=unit", "gamma_init=1.0"]
+    assert runs["ntd-fedavg-none"] == dict(plan("ntd", ["fedavg"], "unit"))["ntd-fedavg-none"]
+    for bad in ((["gamma_init=1.0"], ""), ([], "G-1")):
+        try:
+            plan("ntd", ["fedavg"], "unit", bad[1], bad[0])
+        except ValueError as err:
+            assert "--tag" in str(err)
+        else:
+            raise AssertionError(f"plan accepted {bad}")

@@ -2,6 +2,8 @@
 
     python tools/experiments/kd_experiment.py run --scenario ntd [--arms fedavg fedntd hydra] [--rounds 20] [--epochs 2]
     python tools/experiments/kd_experiment.py run --scenario moon [--arms moon hydra_moon]
+    python tools/experiments/kd_experiment.py run --scenario ntd --dev-type unit --tag g1 --attack-set gamma_init=1.0
+    # an attack setting as a variant: the attacked runs are named dyn_opt_unit_g1
     python tools/experiments/kd_experiment.py run --scenario rules    # the attacks against trimmed mean / median / Krum
     python tools/experiments/kd_experiment.py summarize runs/kd_exp --md docs/results/hydra_acceptance.md
     python tools/experiments/kd_experiment.py summarize docs/results/hydra_acceptance --only ntd-  # from the kept
@@ -32,6 +34,7 @@ directory holds run directories (``<run>/rounds.jsonl``) or kept round files (``
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -71,9 +74,17 @@ PAPER = {"ntd-fedavg": (92.12, 74.48), "ntd-fedntd": (93.03, 58.09), "ntd-hydra"
          "moon-fedavg": (88.02, 77.55), "moon-moon": (91.13, 72.32), "moon-hydra_moon": (92.04, 76.65)}
 
 
-def plan(scenario: str, arms: list[str], dev_type: str = "std") -> list[tuple[str, list[str]]]:
+def plan(scenario: str, arms: list[str], dev_type: str = "std", tag: str = "",
+         attack_set: list[str] | None = None) -> list[tuple[str, list[str]]]:
     """(run name, extra launcher arguments) of every run of ``scenario``. A Dyn-Opt direction other than the
-    default ``std`` is part of the attacked runs' names (``dyn_opt_unit``), so both can sit in one directory."""
+    default ``std`` is part of the attacked runs' names (``dyn_opt_unit``), so both can sit in one directory.
+    ``attack_set``: more attack options (``KEY=VALUE``) for the attacked runs, whose names then end in ``_<tag>``
+    (``dyn_opt_unit_g1``); the no-attack runs are the same runs with or without them."""
+    if attack_set and not tag:
+        raise ValueError("--attack-set needs a --tag (the attacked runs are named <attack>_<tag>)")
+    if tag and not re.fullmatch(r"[a-z0-9]+", tag):
+        raise ValueError(f"--tag must be lower-case letters and digits, got {tag!r}")
+    tagged = [a for item in attack_set or [] for a in ("--attack-set", item)]
     runs: list[tuple[str, list[str]]] = []
     if scenario == "rules":
         for rule, rule_set in RULES.items():
@@ -81,33 +92,43 @@ def plan(scenario: str, arms: list[str], dev_type: str = "std") -> list[tuple[st
             partial = ("stat_opt_partial", "dyn_opt_partial") if rule == "trimmed_mean" else ()
             for attack in ("none", "stat_opt", "dyn_opt", *partial):
                 extra = [a for s in [*ARMS["fedavg"], *rule_set] for a in ("--server-set", s)]
-                runs.append((f"rules-{rule}-{_label(attack, dev_type)}", extra + _attack_args(attack, dev_type)))
+                runs.append((f"rules-{rule}-{_label(attack, dev_type, tag)}",
+                             extra + _attack_args(attack, dev_type, tagged)))
         return runs
     for arm in arms:
         for attack in ("none", SCENARIO_ATTACK[scenario]):
             extra = [a for s in ARMS[arm] for a in ("--server-set", s)]
-            runs.append((f"{scenario}-{arm}-{_label(attack, dev_type)}", extra + _attack_args(attack, dev_type)))
+            runs.append((f"{scenario}-{arm}-{_label(attack, dev_type, tag)}",
+                         extra + _attack_args(attack, dev_type, tagged)))
     return runs
 
 
-def _label(attack: str, dev_type: str) -> str:
-    return f"{attack}_{dev_type}" if attack.startswith("dyn_opt") and dev_type != "std" else attack
+def _label(attack: str, dev_type: str, tag: str = "") -> str:
+    if attack == "none":
+        return attack
+    label = f"{attack}_{dev_type}" if attack.startswith("dyn_opt") and dev_type != "std" else attack
+    return f"{label}_{tag}" if tag else label
 
 
-def _attack_args(attack: str, dev_type: str = "std") -> list[str]:
+def _attack_args(attack: str, dev_type: str = "std", tagged: list[str] | None = None) -> list[str]:
     if attack == "none":
         return []
     kind, partial, _ = attack.partition("_partial")
     extra = ["--attack-set", f"dev_type={dev_type}"] if kind == "dyn_opt" and dev_type != "std" else []
-    return ["--attack", kind, "--attackers", str(ATTACKERS), "--knowledge", "partial" if partial else "full", *extra]
+    return ["--attack", kind, "--attackers", str(ATTACKERS), "--knowledge", "partial" if partial else "full", *extra,
+            *(tagged or [])]
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     arms = args.arms or DEFAULT_ARMS[args.scenario]
+    try:
+        runs = plan(args.scenario, arms, args.dev_type, args.tag, args.attack_set)
+    except ValueError as err:
+        raise SystemExit(f"run: {err}") from None
     for seed in args.seeds:
-        for name, extra in plan(args.scenario, arms, args.dev_type):
+        for name, extra in runs:
             if args.only and not any(o in name for o in args.only):
                 continue
             run_dir = out / f"{name}-s{seed}"
@@ -238,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--epochs", type=int, help="local epochs (default: the config's)")
     r.add_argument("--dev-type", choices=["std", "sign", "unit"], default="std",
                    help="Dyn-Opt's direction (attack.dev_type; std is SPEC's default, unit the reference code's)")
+    r.add_argument("--tag", default="", help="suffix of the attacked runs' names when --attack-set is given")
+    r.add_argument("--attack-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="another attack option for the attacked runs (e.g. gamma_init=1.0; repeatable; needs --tag)")
     r.add_argument("--timeout", type=float, default=0.0, help="seconds per run (0: none)")
     r.add_argument("--server-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="another server setting for every run (e.g. training.learning_rate=0.05)")
