@@ -366,8 +366,19 @@ class TaskDelivered:
     now: float
 
 
+@dataclass(frozen=True)
+class Stalled:
+    """The shell's loop was held up for ``seconds`` before ``now`` (its process stopped, or starved of CPU or memory):
+    what clients sent meanwhile sat unread. Every time-driven anchor moves on by ``seconds`` -- the phase's start,
+    the round's deadline, each client's last contact, the buffered tasks' delivery times -- so the server's own stall
+    counts against no round, client or task. The shell observes it before anything it read after the stall."""
+
+    now: float
+    seconds: float
+
+
 Observation = (Joined | Seen | Polled | Declined | Left | Tick | UpdateAccepted | UpdateRejected | Aggregated
-               | AggregationFailed | AttemptFailed | Pulled | TaskDelivered)
+               | AggregationFailed | AttemptFailed | Pulled | TaskDelivered | Stalled)
 
 
 # ---- events ----
@@ -541,6 +552,9 @@ def step_in_place(state: RoundState, obs: Observation, config: RoundsConfig, lim
     contact from one client does not grow with the size of the fleet.
     """
     s = state
+    if isinstance(obs, Stalled):
+        _shift_clock(s, obs.seconds)
+        return s, []
     if config.mode == bf.BUFFERED:
         return s, _step_buffered(s, obs, config, limits)
     # A contact from a client that was already alive (and, for a poll, already ready) changes nothing a waiting
@@ -582,6 +596,21 @@ def step_in_place(state: RoundState, obs: Observation, config: RoundsConfig, lim
     else:  # a quiet contact with nothing due returned above
         _advance(s, obs.now, config, limits, events)
     return s, events
+
+
+def _shift_clock(s: RoundState, seconds: float) -> None:
+    """:class:`Stalled`: every time anchor of ``s`` moves on by ``seconds`` (O(clients); a stall is rare). Differences
+    between anchors (a client heard from since the round began, for the poll grace) stay as they were."""
+    if not (math.isfinite(seconds) and seconds > 0):
+        return
+    s.phase_since += seconds
+    if s.deadline:
+        s.deadline += seconds
+    for rec in s.clients.values():
+        rec.last_seen += seconds
+    if s.buffered is not None:
+        for c in s.buffered.delivered_at:
+            s.buffered.delivered_at[c] += seconds
 
 
 def _contact(s: RoundState, obs: Joined | Seen | Polled | Declined | Left) -> None:

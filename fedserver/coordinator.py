@@ -55,7 +55,7 @@ from fedserver.finalize import RoundFinalizer
 from fedserver.global_models import GlobalModels
 from fedserver.harness import AdversaryHarness
 from fedserver.intake import UpdateIntake
-from fedserver.membership import LivenessChecks, Membership
+from fedserver.membership import RUN_LOOP_TICK_S, LivenessChecks, Membership, StallWatch
 from fedserver.nfl_monitor import NflMonitor
 from fedserver.offload import Offload
 from fedserver.persistence import Persistence, StoreOpener, open_store
@@ -109,6 +109,7 @@ class Coordinator:
         self._agg_task: asyncio.Task[None] | None = None
         self._finished = asyncio.Event()
         self._waiting = WaitingLine(self.log, self.rounds)
+        self.stall_watch = StallWatch()
 
         # ---- the parts; each reads the round state and reports observations through these two ----
         def state() -> rm.RoundState:
@@ -199,6 +200,11 @@ class Coordinator:
     # ---- the round machine ----
 
     def observe(self, obs: rm.Observation) -> None:
+        stalled = self.stall_watch.stalled(obs.now)
+        if stalled:  # the server's own stall counts against no round, client or task (StallWatch)
+            self.state, _ = rm.step_in_place(self.state, rm.Stalled(obs.now, stalled), self.rounds, self.limits)
+            self.log.warning("server.stalled", seconds=round(stalled, 2), round=self.state.round,
+                             moved="the round's deadline and every client's last contact, by the stall")
         self.state, events = rm.step_in_place(self.state, obs, self.rounds, self.limits)
         for ev in events:
             self._on_event(ev)
@@ -261,6 +267,7 @@ class Coordinator:
             self._finish(self.state.completed_rounds, self.state.outcome)
         self.timing.sampling()
         self.closer.started_at = self.clock()  # the rows' wall_seconds count from here
+        self.stall_watch.arm(self.clock())
         self.observe(rm.Tick(self.clock()))
         # Liveness (O(N): every client's silence, the connected set) a few times per patience and grace, not on
         # every wake-up: a round start wakes the loop K times a second in a busy fleet.
@@ -268,9 +275,16 @@ class Coordinator:
         if self.limits.poll_grace_s:
             checks.append(self.limits.poll_grace_s / 4)
         liveness = LivenessChecks(min(checks), self.clock())
+        try:
+            await self._loop(liveness)
+        finally:
+            self.stall_watch.disarm()  # observations after the loop (a lingering server's) are not ticked between
+        return self.status()
+
+    async def _loop(self, liveness: LivenessChecks) -> None:
         while not self._finished.is_set() and not self.stopping:
             wake = self._wake
-            timeout = 0.25
+            timeout = RUN_LOOP_TICK_S
             if self.state.phase == rm.TRAINING:
                 timeout = min(timeout, max(0.0, self.state.deadline - self.clock()) + 0.001)
             with contextlib.suppress(asyncio.TimeoutError):
@@ -284,7 +298,6 @@ class Coordinator:
                 else:
                     self.observe(rm.Tick(now, liveness=False))
                 self._waiting.maybe_log(self.state, self.clock())
-        return self.status()
 
     def _reap_close(self) -> None:
         if self._agg_task is not None and self._agg_task.done():

@@ -47,6 +47,46 @@ class LivenessChecks:
         return False
 
 
+# While the coordinator's run loop runs, it observes a Tick at least this often (its longest wait, seconds).
+RUN_LOOP_TICK_S = 0.25
+
+
+class StallWatch:
+    """Notices at the round machine's one entry (``Coordinator.observe``) that the server's loop was held up, and for
+    how long. While the run loop runs (between :meth:`arm` and :meth:`disarm`) it observes at least every ``tick_s``;
+    two observations more than ``tick_s + LOOP_STALL_S`` apart mean the loop did not run in between, and the time
+    past ``tick_s`` is the stall, which the round machine then does not count (:class:`fedcore.rounds.Stalled`).
+    Checked before each observation is applied: after a stall, whatever the loop handles first -- its own pass or an
+    upload that sat in a socket -- would otherwise find the round's deadline passed (a whole round abandoned after a
+    stopped server was continued). Pure: the times are given."""
+
+    def __init__(self, tick_s: float = RUN_LOOP_TICK_S) -> None:
+        self.tick_s = tick_s
+        self._last: float | None = None  # the latest observation's time; None while not armed
+        self.stalls = 0  # stalls seen (for tests and logs)
+        self.stalled_s = 0.0  # their seconds in all
+
+    def arm(self, now: float) -> None:
+        self._last = now
+
+    def disarm(self) -> None:
+        self._last = None
+
+    def stalled(self, now: float) -> float:
+        """Seconds the loop was held up before an observation at ``now`` (0.0: it was not)."""
+        last = self._last
+        if last is None:
+            return 0.0
+        if now > last:
+            self._last = now
+        gap = now - last - self.tick_s
+        if gap <= LOOP_STALL_S:
+            return 0.0
+        self.stalls += 1
+        self.stalled_s += gap
+        return gap
+
+
 @dataclass(frozen=True)
 class JoinResult:
     session_id: str

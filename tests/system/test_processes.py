@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -260,3 +261,46 @@ def test_a_stall_waits_visibly_then_exits_3_with_an_error(tmp_path: Path) -> Non
     stalled = next(e for e in events if e["event"] == "federation.stalled")
     assert stalled["level"] == "error" and stalled["exit_code"] == 3
     assert "rounds.sampling_timeout_s = 12 s" in stalled["reason"]
+
+
+def test_a_server_stopped_mid_round_for_longer_than_its_deadline_loses_no_round_and_no_client(
+        tmp_path: Path) -> None:
+    """The server process is stopped (SIGSTOP) 0.3 s into round 2 for 12 s, more than twice its round deadline and
+    its heartbeat patience (5 s), while both clients straggle 1.5 s and upload into its sockets. Continued, it
+    counts the stall against no round and no client: round 2 completes at its first attempt with both updates,
+    nobody is dropped, and the stall is logged with its length."""
+    port = _free_port()
+    run_dir = tmp_path / "run"
+    server = subprocess.Popen(
+        [*_exe("fedserver"), "--address", f"127.0.0.1:{port}", "--rounds", "3", "-k", "2", "--run-dir",
+         str(run_dir), "--log-json", "--linger", "1", "--insecure", "--set", "rounds.round_timeout_s=5",
+         "--set", "server.heartbeat_patience_s=5", "--set", "server.heartbeat_interval_s=0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    clients = [subprocess.Popen(
+        [*_exe("fedclient"), "--server", f"127.0.0.1:{port}", "--client-id", f"proc-{i}", "--data-index", str(i),
+         "--torch-threads", "1", "--log-json", "--insecure", "--straggler-delay", "1.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env()) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (
+                (run_dir / "rounds.jsonl").exists() and (run_dir / "rounds.jsonl").read_text().strip()):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(server.pid, signal.SIGSTOP)
+        time.sleep(12.0)
+        os.kill(server.pid, signal.SIGCONT)
+        _, _, events = _finish_ok(server, clients)
+    finally:
+        for p in (server, *clients):
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+    rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    # Round 2 was in flight during the stop (round 1's first attempt may miss its 5-s deadline on a loaded host: the
+    # devices' first round includes their set-up, so it is not asserted here).
+    assert [(r["round"], r["attempt"], r["accepted"], r["outcome"]) for r in rows[1:]] == [
+        (2, 0, 2, "quorum"), (3, 0, 2, "quorum")]
+    assert not [e for e in events if e["event"] == "round.abandoned" and e["round"] >= 2]
+    assert "client.dropped" not in [e["event"] for e in events]
+    stalls = [e for e in events if e["event"] == "server.stalled"]
+    assert any(11.0 < e["seconds"] < 60.0 for e in stalls), stalls

@@ -137,6 +137,21 @@ def test_a_device_that_pulls_again_abandoned_its_task_and_an_expired_task_is_fre
     assert "c1" not in s.buffered.flight or "c1" in s.buffered.undelivered
 
 
+def test_a_server_stall_does_not_expire_the_tasks_in_flight() -> None:
+    """Buffered rounds: a task expires 10 s (round_timeout_s) after delivery. A 30-s stall of the server after
+    delivery (Stalled) moves the delivery times on by 30 s, so at 35 s the tasks are 5 s old, not 35."""
+    cfg = _cfg(concurrency=2)
+    s, events = _fleet(2, cfg)
+    first = [c for e in events if isinstance(e, rm.TasksGranted) for c in e.clients]
+    _deliver(s, cfg, first)
+    assert s.buffered is not None
+    s, ev = rm.step_in_place(s, rm.Stalled(35.0, 30.0), cfg, LIMITS)
+    assert ev == [] and s.buffered.delivered_at == pytest.approx({c: 30.0 for c in first})
+    _, ev = rm.step_in_place(s, rm.Tick(35.0), cfg, LIMITS)
+    assert sorted(s.buffered.flight) == sorted(first) and not any(isinstance(e, rm.ClientDropped) for e in ev)
+    assert s.buffered.expired(35.0, cfg.round_timeout_s) == [] and s.buffered.expired(40.5, 10.0) == sorted(first)
+
+
 def test_state_round_trips_through_json_and_resume_keeps_the_devices_in_flight() -> None:
     cfg = _cfg(min_available=4)
     s, events = _fleet(4, cfg)

@@ -91,6 +91,37 @@ def test_deadline_with_enough_updates_aggregates_otherwise_the_round_is_rerun() 
     assert ev == [rm.RoundClosed(1, tuple(s.accepted), "deadline")]
 
 
+def test_a_server_stall_counts_against_no_round_and_no_client() -> None:
+    """A server stopped or starved for 40 s in the middle of a round (10-s deadline, 30-s patience): without
+    :class:`Stalled` the first tick after it abandons the round and drops every client; with it the round keeps the
+    time it had left, the clients the silence they had, and the uploads that sat unread close it as usual."""
+    cfg = RoundsConfig(num_rounds=2, clients_per_round=3, min_updates=2, round_timeout_s=10.0)
+    for told in (False, True):
+        s = _machine(3, cfg)
+        s, _ = rm.step_in_place(s, rm.UpdateAccepted(s.selected[0], 1, 1.0), cfg, LIMITS)
+        s, _ = rm.step_in_place(s, rm.Seen(s.selected[1], 2.0), cfg, LIMITS)
+        # the loop is held up from 2.0 to 42.0
+        if told:
+            s, ev = rm.step_in_place(s, rm.Stalled(42.0, 40.0), cfg, LIMITS)
+            assert ev == [] and (s.deadline, s.phase_since) == pytest.approx((10.0 + 40.0, 0.0 + 40.0))
+            assert [s.clients[c].last_seen for c in s.selected] == pytest.approx([1.0 + 40.0, 2.0 + 40.0, 0.0 + 40.0])
+        s, ev = rm.step_in_place(s, rm.Tick(42.0), cfg, LIMITS)
+        if not told:
+            assert rm.RoundAbandoned(1, 0, 1, 2) in ev
+            assert len([e for e in ev if isinstance(e, rm.ClientDropped)]) == 3
+            continue
+        assert ev == [] and s.phase == rm.TRAINING and s.alive_ids() == ["c0", "c1", "c2"]
+        s, ev = rm.step_in_place(s, rm.UpdateAccepted(s.selected[1], 1, 42.1), cfg, LIMITS)
+        s, ev = rm.step_in_place(s, rm.UpdateAccepted(s.selected[2], 1, 42.2), cfg, LIMITS)
+        assert ev == [rm.RoundClosed(1, tuple(s.selected), "quorum")]
+    # nothing to move: a non-positive or non-finite stall changes nothing
+    s = _machine(3, cfg)
+    before = s.to_dict()
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        s, ev = rm.step_in_place(s, rm.Stalled(5.0, bad), cfg, LIMITS)
+        assert ev == [] and s.to_dict() == before
+
+
 def test_rejected_and_dead_clients_do_not_hold_a_round() -> None:
     cfg = RoundsConfig(num_rounds=1, clients_per_round=3, min_updates=1)
     s = _machine(3, cfg)
