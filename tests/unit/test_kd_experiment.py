@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tools.experiments.kd_experiment import main, plan
 
 
@@ -86,3 +88,21 @@ def test_a_tagged_attack_setting_names_the_attacked_runs_and_reaches_only_them()
             assert "--tag" in str(err)
         else:
             raise AssertionError(f"plan accepted {bad}")
+
+
+def test_the_committed_calibration_runs_give_the_table_the_page_quotes(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/results/hydra_epochs5.md's calibration table, recomputed from the committed rows (issue 49 item 3)."""
+    root = Path(__file__).resolve().parents[2]
+    assert main(["summarize", str(root / "docs" / "results" / "hydra_epochs5" / "calibration")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    runs = {c[0]: c for c in ([x.strip() for x in line.strip().strip("|").split("|")] for line in lines
+                              if line.startswith("| ntd-") and "(s9)" not in line)}
+    drops = {c[0]: c for c in ([x.strip() for x in line.strip().strip("|").split("|")] for line in lines
+                               if line.startswith("| ntd-") and "(s9)" in line)}
+    page = (root / "docs" / "results" / "hydra_epochs5.md").read_text()
+    assert all(c[1] == "12" for c in runs.values()) and len(runs) == 4
+    assert f"| no attack | ntd-fedavg-none-s9 | {runs['ntd-fedavg-none-s9'][3]} | - | - |" in page
+    for label, run in (("0.5 (1)", "ntd-fedavg-dyn_opt_unit_g05-s9"), ("2 (4)", "ntd-fedavg-dyn_opt_unit_g2-s9"),
+                       ("10 (20, the default)", "ntd-fedavg-dyn_opt_unit-s9")):
+        drop = 100 * float(drops[f"{run.removesuffix('-s9')} (s9)"][3])  # the drop table's, in points
+        assert f"| {label} | {run} | {runs[run][3]} | {drop:.1f} | {runs[run][6]} |" in page, (label, runs[run])
