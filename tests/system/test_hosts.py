@@ -518,12 +518,15 @@ def test_a_host_whose_framed_port_is_blocked_falls_back_to_the_grpc_stream(net: 
             silent = subprocess.Popen(["ip", "netns", "exec", proxy_host.namespace, sys.executable, "-c", _SILENT,
                                        proxy_host.address, str(FRAMED_PORT)], stdout=subprocess.PIPE, text=True)
             assert silent.stdout is not None and silent.stdout.readline().strip() == "silent.listening"
+        # Each device straggles 1 s a round, so the federation lasts seconds after the joins, and the framed port's
+        # peers are watched from the start: after round 1 the four quick rounds could be over (and the connections
+        # closed) before the first look, as CI once saw ("framed port peers []").
         fed, hosts = _federation(net, tmp_path, 3, "--rounds", "4", "--min-updates", "3", "--round-timeout", "60",
+                                 client_args=("--set", "simulation.straggler_delay_s=1.0"),
                                  proxied={"host-2": proxy_address}, transport="framed")
         try:
-            fed.wait_for_round(1, 240)
             direct = {hosts["host-0"].address, hosts["host-1"].address}
-            _wait_framed_peers(net.hosts["srv"], direct)
+            _wait_framed_peers(net.hosts["srv"], direct, timeout=240.0)
             fed.finish(300)
         finally:
             fed.kill()
