@@ -102,8 +102,13 @@ def stop_then_resume(config: ServerConfig, num_clients: int, after_rounds: int =
     import time
 
     from fedclient import ClientConfig, FedClient
+    from fedlaunch.supervise import free_server_port
     from fedserver import ServerThread
 
+    if config.server.address.endswith(":0"):
+        # A port P with P + 1 free, not the kernel's pick: the restart binds P again with its framed port at P + 1
+        # ("auto"), and P + 1 after a kernel-picked P may be anyone's (seen: "port ... is in use by another process").
+        config.server.address = f"127.0.0.1:{free_server_port()}"
     srv = ServerThread(config, linger_s=0.5).start()
     clients = [FedClient(ClientConfig(insecure=True, server=srv.address, client_id=f"client-{i}", data_index=i,
                                       long_poll_s=1.0, backoff_initial_s=0.05, backoff_max_s=0.3,
