@@ -106,3 +106,15 @@ def test_the_committed_calibration_runs_give_the_table_the_page_quotes(capsys: p
                        ("10 (20, the default)", "ntd-fedavg-dyn_opt_unit-s9")):
         drop = 100 * float(drops[f"{run.removesuffix('-s9')} (s9)"][3])  # the drop table's, in points
         assert f"| {label} | {run} | {runs[run][3]} | {drop:.1f} | {runs[run][6]} |" in page, (label, runs[run])
+
+
+def test_the_committed_grid_runs_give_the_rows_the_page_quotes(capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert main(["summarize", str(root / "docs" / "results" / "hydra_epochs5")]) == 0
+    page = (root / "docs" / "results" / "hydra_epochs5.md").read_text()
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ntd-") and "(s" not in line]
+    assert rows
+    for c in rows:
+        gamma = "-" if c[6] == "-" else c[6]
+        assert f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {gamma} |" in page, c
