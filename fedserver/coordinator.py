@@ -136,7 +136,8 @@ class Coordinator:
         self.pipeline = compose(ServerParts(config, self.models, self.nfl, self.dp, self.clusters, self.history,
                                             self.persistence, self.timing, self.run_dir, self.log))
         # Secure aggregation (off unless aggregation.secure): the servicer sets its verifier (enrolled keys).
-        self.secure = SecureRounds(config, self.models.num_params, clock, self.log, session_bound, self.observe)
+        self.secure = SecureRounds(config, self.models.num_params, clock, self.log, session_bound, self.observe,
+                                   self.notice_stall)
         self.intake = UpdateIntake(config, self.models, state, self.observe, clock, self.dispatch.model_id_for,
                                    self.clusters.make_buffer if self.clusters.enabled else None,
                                    self.pipeline.round_aggregation, self.secure, self.limits)
@@ -199,12 +200,21 @@ class Coordinator:
 
     # ---- the round machine ----
 
+    def notice_stall(self, now: float) -> None:
+        """Before anything is judged against the clock at ``now``: if the server's loop was held up (StallWatch),
+        the stall counts against no round, client, task or SecAgg+ phase -- the round machine's deadline and every
+        client's last contact (:class:`fedcore.rounds.Stalled`) and the open SecAgg+ phase's start move on by it."""
+        stalled = self.stall_watch.stalled(now)
+        if not stalled:
+            return
+        self.state, _ = rm.step_in_place(self.state, rm.Stalled(now, stalled), self.rounds, self.limits)
+        self.secure.stalled(stalled)
+        self.log.warning("server.stalled", seconds=round(stalled, 2), round=self.state.round,
+                         moved="the round's deadline, every client's last contact and the SecAgg+ phase's start, "
+                               "by the stall")
+
     def observe(self, obs: rm.Observation) -> None:
-        stalled = self.stall_watch.stalled(obs.now)
-        if stalled:  # the server's own stall counts against no round, client or task (StallWatch)
-            self.state, _ = rm.step_in_place(self.state, rm.Stalled(obs.now, stalled), self.rounds, self.limits)
-            self.log.warning("server.stalled", seconds=round(stalled, 2), round=self.state.round,
-                             moved="the round's deadline and every client's last contact, by the stall")
+        self.notice_stall(obs.now)
         self.state, events = rm.step_in_place(self.state, obs, self.rounds, self.limits)
         for ev in events:
             self._on_event(ev)
@@ -293,7 +303,7 @@ class Coordinator:
             if not self.stopping:
                 now = self.clock()
                 self.secure.tick(now)
-                if liveness.due(now, timeout):  # a client parked in a long-poll is connected: alive
+                if liveness.due(now):  # a client parked in a long-poll is connected: alive
                     self.observe(rm.Tick(now, self.polls.connected()))
                 else:
                     self.observe(rm.Tick(now, liveness=False))

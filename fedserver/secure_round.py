@@ -64,7 +64,8 @@ class SecureRounds:
     to the round machine; ``verify`` checks advertisement signatures (:func:`session_bound` or the enrolled keys)."""
 
     def __init__(self, config: ServerConfig, num_params: int, clock: Callable[[], float], log: Any,
-                 verify: Verifier, observe: Callable[[rm.Observation], None]) -> None:
+                 verify: Verifier, observe: Callable[[rm.Observation], None],
+                 notice_stall: Callable[[float], None] = lambda now: None) -> None:
         self.enabled = config.aggregation.secure != "off"
         self.config = config.secagg
         self.federation_id = config.server.federation_id
@@ -75,6 +76,9 @@ class SecureRounds:
         self.log = log
         self.verify = verify
         self._observe = observe
+        # Called before a phase's deadline is judged: a stall of the server's loop found there moves the phase's start
+        # on (:meth:`stalled`), so the devices' answers that sat in the sockets meanwhile are not dropped as late.
+        self._notice_stall = notice_stall
         self.state: sp.ServerState | None = None
         self.round = 0
         self.attempt = 0
@@ -99,8 +103,13 @@ class SecureRounds:
         s = self.state
         if s is None or s.phase not in (sp.ADVERTISE, sp.SHARE, sp.UNMASK):
             return
+        self._notice_stall(now)
         if now - self._phase_since >= self.config.phase_timeout_s:
             self._apply(sp.Deadline(s.round, s.phase))
+
+    def stalled(self, seconds: float) -> None:
+        """The server's loop was held up ``seconds``: the open phase's deadline moves on by them."""
+        self._phase_since += seconds
 
     def end_masking(self, round_: int) -> None:
         """The round machine closed the round: no more masked inputs; whoever shared and did not upload dropped."""

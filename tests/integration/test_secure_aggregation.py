@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,38 @@ def test_too_many_dropouts_re_run_the_round_with_the_reason(tmp_path: Path, monk
     assert round1.attempt == 1 and round1.metrics["secagg_survivors"] == K  # the re-run had everyone
     abandoned = [r.getMessage() for r in caplog.records if "round.abandoned" in r.getMessage()]
     assert len(abandoned) == 1 and "too_many_dropouts in phase share" in abandoned[0], abandoned
+
+
+def test_a_server_stall_in_an_exchange_phase_drops_no_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The server's loop is held up 5 s -- longer than ``secagg.phase_timeout_s`` (3 s) -- while a key-exchange phase
+    of round 1 still waits for devices, and the phase's deadline is judged right after. The stall counts against no
+    phase: nobody is dropped, the round is not re-run, and the stall is logged."""
+    from fedcore.secagg import protocol as sp
+    from fedserver.coordinator import Coordinator
+
+    held: list[str] = []
+    reap = Coordinator._reap_close
+
+    def reap_then_stall(self: Coordinator) -> None:  # the run loop's step just before it judges the phase deadline
+        reap(self)
+        s = self.secure.state
+        waiting = s is not None and self.secure.round == 1 and (
+            (s.phase == sp.ADVERTISE and len(s.advertisements) < len(s.selected))
+            or (s.phase == sp.SHARE and len(s.shares) < len(s.participants)))
+        if waiting and not held and s is not None:
+            held.append(s.phase)
+            time.sleep(5.0)  # blocks the event loop: no device's message is read meanwhile
+
+    monkeypatch.setattr(Coordinator, "_reap_close", reap_then_stall)
+    status, errors = _run(_config(tmp_path, True, rounds=1))
+    assert held, "the loop never found a phase waiting for devices: nothing was tested"
+    assert status.outcome == "completed" and errors == [None] * K
+    (round1,) = status.history
+    assert (round1.attempt, round1.accepted) == (0, K)
+    assert round1.metrics["secagg_survivors"] == K and round1.metrics["secagg_dropped"] == 0
+    stalls = [r.getMessage() for r in caplog.records if "server.stalled" in r.getMessage()]
+    assert stalls, f"no stall logged (held in phase {held[0]})"
 
 
 def test_protocol_messages_are_bound_to_the_round_and_the_session(tmp_path: Path) -> None:

@@ -327,18 +327,14 @@ def test_crashing_store_dies_at_its_point(tmp_path: Path, point: str, rounds_kep
     assert len(leftovers) == (1 if point == "files_written" else 0)  # the uncommitted save's model file
 
 
-def test_liveness_is_checked_on_a_running_loop_and_not_right_after_a_stall() -> None:
-    from fedserver.membership import LOOP_STALL_S, LivenessChecks
+def test_liveness_is_checked_every_interval_not_on_every_wake_up() -> None:
+    from fedserver.membership import LivenessChecks
 
     checks = LivenessChecks(every=1.0, now=0.0)
     passes = [0.25 * i for i in range(1, 9)]  # a loop that runs: a pass every 0.25 s, a check every second
-    assert [t for t in passes if checks.due(t, 0.25)] == [1.0, 2.0]
-    # The loop is held up for 30 s: the pass after it does not check (the heartbeats sent meanwhile are unread) ...
-    assert not checks.due(32.0, 0.25) and checks.stalls == 1
-    # ... nor any pass until the loop has run for a check interval again; then it checks.
-    assert [t for t in (32.25, 32.5, 32.75, 33.0, 33.25) if checks.due(t, 0.25)] == [33.0]
-    # A pass that comes back late by less than the stall bound is an ordinary pass.
-    assert checks.due(33.25 + 1.0 + LOOP_STALL_S - 0.01, 1.0) and checks.stalls == 1
+    assert [t for t in passes if checks.due(t)] == [1.0, 2.0]
+    # after a 30-s stall the pass checks (StallWatch moved every client's last contact on first), then every second
+    assert [t for t in (32.0, 32.25, 32.5, 32.75, 33.0) if checks.due(t)] == [32.0, 33.0]
 
 
 def test_stall_watch_measures_a_held_up_loop_between_two_observations() -> None:
