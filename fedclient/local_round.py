@@ -206,6 +206,8 @@ class LocalRound:
                                          recovery=recovery, learning_rate=learning_rate,
                                          epochs=fed.training.local_epochs if local_epochs is None else local_epochs,
                                          batches=batches)
+        for p in model.parameters():  # the last step's gradients: read by nobody after the round, and a device that
+            p.grad = None  # waits for its next task (a virtual client among thousands) would hold a model's worth
         update = UpdateContext(
             received=before, trained=ModelState(model), num_train=data.num_train, seed=seeds.attack,
             honest_update=partial(self._honest_update, model, before, start_state, data, fed, seeds, learning_rate))

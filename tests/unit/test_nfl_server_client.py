@@ -193,6 +193,7 @@ def test_a_round_given_its_received_weights_runs_as_one_that_copies_them() -> No
             assert all(torch.equal(out.update.received[k], weights[k]) for k in weights)
             assert all(torch.equal(local.view.received[k], weights[k]) for k in weights)
             assert not torch.equal(model.state_dict()["1.weight"], weights["1.weight"])  # training moved the model
+            assert all(p.grad is None for p in model.parameters())  # an idle device keeps no gradients
             outs.append((out.report, {k: v.clone() for k, v in model.state_dict().items()}))
             weights = {k: v.clone() for k, v in model.state_dict().items()}
         runs.append(outs)
