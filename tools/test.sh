@@ -6,4 +6,9 @@ source tools/setup.sh
 export PATH="$(dirname "$PY"):$PATH"
 echo "== ruff" && "$PY" -m ruff check .
 echo "== mypy" && "$PY" -m mypy
-echo "== pytest" && "$PY" -m pytest -q -p no:cacheprovider "$@"
+# Two pytest-xdist workers (FEDGUARD_TEST_WORKERS; 0: one process): the system tests run first, one at a time, on one
+# worker (tests/conftest.py's scheduler) while the other takes the unit and integration tests.
+workers="${FEDGUARD_TEST_WORKERS:-2}"
+parallel=()
+if [ "$workers" != 0 ]; then parallel=(-n "$workers"); fi
+echo "== pytest" && "$PY" -m pytest -q -p no:cacheprovider "${parallel[@]}" "$@"

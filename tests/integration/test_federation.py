@@ -136,11 +136,9 @@ def test_client_gives_up_clearly_when_no_server_answers() -> None:
 
 
 def test_client_rejoins_after_the_server_restarts(tmp_path: Path) -> None:
-    import socket
+    from fedlaunch.supervise import free_server_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_server_port()  # P + 1 free too: the server's "auto" framed port
     first = server_config(tmp_path, server={"address": f"127.0.0.1:{port}"},
                           rounds={"num_rounds": 1000, "clients_per_round": 1})
     srv = ServerThread(first, linger_s=0.1).start()

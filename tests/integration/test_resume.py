@@ -4,7 +4,6 @@ federation not re-run, snapshot fallback, and bit-identical models whatever the 
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from fedclient import ClientConfig, FedClient
 from fedcore.config import ConfigError, ServerConfig
 from fedcore.serialization import load_state
 from fedcore.simulation import SimulationConfig
+from fedlaunch.supervise import free_server_port
 from fedserver import ServerThread
 from fedserver.cli import EXIT_STOPPED, exit_code
 from fedserver.store import StoreError
@@ -24,9 +24,7 @@ N = 3
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_server_port()  # P + 1 free too: the server's "auto" framed port
 
 
 def _cfg(tmp_path: Path, port: int = 0, num_rounds: int = 4, **extra: dict[str, object]) -> ServerConfig:

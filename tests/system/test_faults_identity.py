@@ -36,6 +36,7 @@ from fedguard.certs import (
 )
 from fedguard.signing import sign_request
 from fedguard.v1 import fedguard_pb2 as pb
+from fedlaunch.supervise import free_server_port
 
 pytestmark = pytest.mark.system
 
@@ -53,9 +54,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_server_port()  # P + 1 free too: the server's "auto" framed port
 
 
 def _record(case: str, rc: int | None, seconds: float, line: str) -> None:

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from fedlaunch.supervise import free_server_port
 from fedserver.store import StateStore
 
 pytestmark = pytest.mark.system
@@ -38,9 +38,7 @@ def _env() -> dict[str, str]:
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_server_port()  # P + 1 free too: the server's "auto" framed port
 
 
 def _server(run_dir: Path, port: int, *extra: str, log: Path | None = None) -> subprocess.Popen[str]:
