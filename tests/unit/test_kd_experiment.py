@@ -118,3 +118,19 @@ def test_the_committed_grid_runs_give_the_rows_the_page_quotes(capsys: pytest.Ca
     for c in rows:
         gamma = "-" if c[6] == "-" else c[6]
         assert f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {gamma} |" in page, c
+
+
+def test_summarize_states_the_t1_directions_where_a_seed_has_all_six_runs(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    accs = {"fedavg": (0.90, 0.70), "fedntd": (0.92, 0.60), "hydra": (0.91, 0.75)}
+    for arm, (clean, attacked) in accs.items():
+        for label, acc in (("none", clean), ("dyn_opt_unit_g2", attacked)):
+            rows = [{"round": r, "outcome": "quorum", "central_accuracy": acc, "metrics": {}} for r in range(1, 6)]
+            (tmp_path / f"ntd-{arm}-{label}-s3.rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "ntd-fedavg-none-s4.rounds.jsonl").write_text(  # seed 4 has one run: no directions for it
+        json.dumps({"round": 1, "outcome": "quorum", "central_accuracy": 0.5, "metrics": {}}) + "\n")
+    assert main(["summarize", str(tmp_path)]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ntd (")]
+    # FedAvg drops 20 points, FedNTD 32 (12 more: amplified); HYDRA-FL keeps 15 more than FedNTD under attack and
+    # costs 1 point without it. The paper's: 17.3 more, 18.6 kept, -0.3 point.
+    assert lines == ["| ntd (s3, dyn_opt_unit_g2) | 20.0 | 32.0 | +12.0 | +15.0 | -1.0 | +17.3 / +18.6 / -0.3 |"]

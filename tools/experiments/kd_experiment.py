@@ -28,7 +28,10 @@ A run stopped at ``--timeout`` keeps its completed rounds and resumes from them 
 ``summarize`` prints per run the global model's accuracy on the pooled test splits (``central``), at the last
 round and averaged over the last 5 rounds, the accuracy drop under attack, and the harness's crafted rows. Its
 directory holds run directories (``<run>/rounds.jsonl``) or kept round files (``<run>.rounds.jsonl``, as in
-``docs/results/hydra_acceptance/``); ``--only`` keeps the runs whose name contains one of its strings.
+``docs/results/hydra_acceptance/``); ``--only`` keeps the runs whose name contains one of its strings. Where a seed
+has all six runs of FedAvg, the KD arm and HYDRA-FL with and without an attack, it also prints HYDRA-FL's T1
+directions in points: amplification (the KD arm's drop minus FedAvg's; the paper's is positive), recovery (HYDRA-FL
+minus the KD arm under attack; positive) and clean cost (HYDRA-FL minus the KD arm without attack; about zero).
 """
 
 from __future__ import annotations
@@ -195,7 +198,7 @@ def summarize(args: argparse.Namespace) -> int:
                 cited = f"{paper[0]:.2f} -> {paper[1]:.2f}" if paper else "-"
                 arm = f"{attacked.removesuffix('-' + seed)} ({seed})"
                 drops.append(f"| {arm} | {fmt(acc)} | {fmt(acc2)} | {fmt(acc - acc2)} | {cited} |")
-    text = "\n".join(lines + drops) + "\n"
+    text = "\n".join(lines + drops + directions(accs)) + "\n"
     print(text)
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
@@ -204,6 +207,48 @@ def summarize(args: argparse.Namespace) -> int:
         _plot(root, Path(args.plot), args.only)
         print(f"plot: {args.plot}")
     return 0
+
+
+# HYDRA-FL's T1 triples per scenario: (FedAvg arm, KD arm, HYDRA-FL arm).
+TRIPLES = {"ntd": ("fedavg", "fedntd", "hydra"), "moon": ("fedavg", "moon", "hydra_moon")}
+
+
+def _paper_directions(scenario: str) -> str:
+    """The paper's three figures in points (its Table 1 or 2, MNIST)."""
+    base, kd, hydra = (PAPER[f"{scenario}-{arm}"] for arm in TRIPLES[scenario])
+    return (f"{(kd[0] - kd[1]) - (base[0] - base[1]):+.1f} / {hydra[1] - kd[1]:+.1f} / "
+            f"{hydra[0] - kd[0]:+.1f}")
+
+
+def directions(accs: dict[str, float]) -> list[str]:
+    """HYDRA-FL's T1 directions, per scenario, seed and attack setting where all six runs of a triple are present
+    (last-5 central accuracy, in points): amplification = the KD arm's drop under attack minus FedAvg's (the paper:
+    > 0), recovery = HYDRA-FL minus the KD arm under attack (> 0), clean cost = HYDRA-FL minus the KD arm without
+    attack (about 0)."""
+    out = ["", "| scenario (seed, attack) | FedAvg drop | KD drop | amplification | recovery | clean cost | "
+               "paper (ampl. / rec. / clean) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    found = False
+    for name in sorted(accs):
+        # <scenario>-<arm>-none-s<seed>; a scenario's variant (moon30r, moon5e) is its letters' scenario
+        m = re.fullmatch(r"(([a-z]+)[a-z0-9]*)-([a-z_0-9]+?)-none-(s\d+)", name)
+        if not m or m.group(2) not in TRIPLES or m.group(3) != TRIPLES[m.group(2)][0]:
+            continue
+        scenario, kind, base, seed = m.group(1), m.group(2), m.group(3), m.group(4)
+        _, kd, hydra = TRIPLES[kind]
+        for attacked in sorted(accs):
+            a = re.fullmatch(rf"{scenario}-{base}-(.+)-{seed}", attacked)
+            if not a or a.group(1) == "none":
+                continue
+            attack = a.group(1)
+            names = [f"{scenario}-{arm}-{label}-{seed}" for arm in (base, kd, hydra) for label in ("none", attack)]
+            if not all(n in accs for n in names):
+                continue
+            b0, b1, k0, k1, h0, h1 = (100 * accs[n] for n in names)
+            found = True
+            out.append(f"| {scenario} ({seed}, {attack}) | {b0 - b1:.1f} | {k0 - k1:.1f} | "
+                       f"{(k0 - k1) - (b0 - b1):+.1f} | {h1 - k1:+.1f} | {h0 - k0:+.1f} | "
+                       f"{_paper_directions(kind)} |")
+    return out if found else []
 
 
 def _plot(root: Path, out: Path, only: list[str] | None = None) -> None:
