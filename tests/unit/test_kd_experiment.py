@@ -112,12 +112,15 @@ def test_the_committed_grid_runs_give_the_rows_the_page_quotes(capsys: pytest.Ca
     root = Path(__file__).resolve().parents[2]
     assert main(["summarize", str(root / "docs" / "results" / "hydra_epochs5")]) == 0
     page = (root / "docs" / "results" / "hydra_epochs5.md").read_text()
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out.splitlines()
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in out
             if line.startswith("| ntd-") and "(s" not in line]
     assert rows
     for c in rows:
         gamma = "-" if c[6] == "-" else c[6]
         assert f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {gamma} |" in page, c
+    directions = [line for line in out if line.startswith("| ntd (")]
+    assert directions and all(line in page for line in directions), directions  # the verdicts' figures
 
 
 def test_summarize_states_the_t1_directions_where_a_seed_has_all_six_runs(tmp_path: Path,
