@@ -90,11 +90,20 @@ def test_a_tagged_attack_setting_names_the_attacked_runs_and_reaches_only_them()
             raise AssertionError(f"plan accepted {bad}")
 
 
+DAMAGE_HEADER = ("| attacked run | rounds used | attackers/round | damage (points per attacker) | "
+                 "carry-over (points per attacker) |")
+
+
+def _before_damage(lines: list[str]) -> list[str]:
+    """summarize's lines before its damage table (whose rows also start with the run's name)."""
+    return lines[:lines.index(DAMAGE_HEADER)] if DAMAGE_HEADER in lines else lines
+
+
 def test_the_committed_calibration_runs_give_the_table_the_page_quotes(capsys: pytest.CaptureFixture[str]) -> None:
     """docs/results/hydra_epochs5.md's calibration table, recomputed from the committed rows (issue 49 item 3)."""
     root = Path(__file__).resolve().parents[2]
     assert main(["summarize", str(root / "docs" / "results" / "hydra_epochs5" / "calibration")]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = _before_damage(capsys.readouterr().out.splitlines())
     runs = {c[0]: c for c in ([x.strip() for x in line.strip().strip("|").split("|")] for line in lines
                               if line.startswith("| ntd-") and "(s9)" not in line)}
     drops = {c[0]: c for c in ([x.strip() for x in line.strip().strip("|").split("|")] for line in lines
@@ -112,7 +121,7 @@ def test_the_committed_grid_runs_give_the_rows_the_page_quotes(capsys: pytest.Ca
     root = Path(__file__).resolve().parents[2]
     assert main(["summarize", str(root / "docs" / "results" / "hydra_epochs5")]) == 0
     page = (root / "docs" / "results" / "hydra_epochs5.md").read_text()
-    out = capsys.readouterr().out.splitlines()
+    out = _before_damage(capsys.readouterr().out.splitlines())
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in out
             if line.startswith("| ntd-") and "(s" not in line]
     assert rows
@@ -137,3 +146,30 @@ def test_summarize_states_the_t1_directions_where_a_seed_has_all_six_runs(tmp_pa
     # FedAvg drops 20 points, FedNTD 32 (12 more: amplified); HYDRA-FL keeps 15 more than FedNTD under attack and
     # costs 1 point without it. The paper's: 17.3 more, 18.6 kept, -0.3 point.
     assert lines == ["| ntd (s3, dyn_opt_unit_g2) | 20.0 | 32.0 | +12.0 | +15.0 | -1.0 | +17.3 / +18.6 / -0.3 |"]
+
+
+def test_attack_damage_is_the_loss_per_attacker_in_the_round_and_the_next() -> None:
+    """A run whose round loses 2 points per attacker and heals 1.5 of them the next round: damage +2, carry-over -1.5,
+    measured on the second half only (the first half's rounds would give another slope)."""
+    from tools.experiments.kd_experiment import attack_damage
+
+    attackers = [0, 3, 0, 3, 1, 0, 2, 4, 1, 3, 0, 2, 1, 4, 0, 2, 3, 1, 0, 2]
+    acc, rows = 50.0, []
+    for i, k in enumerate(attackers):
+        previous = attackers[i - 1] if i else 0
+        acc += -2.0 * k + 1.5 * previous if i >= 10 else 5.0 * k  # the first half climbs with the attackers
+        rows.append({"round": i + 1, "outcome": "quorum", "attackers": k, "central_accuracy": acc / 100})
+    used, damage, carry = attack_damage(rows)
+    assert used == 10
+    # exact linear data: the fit is exact up to float rounding of values near 50 points (~1e-13)
+    assert damage[0] == pytest.approx(2.0, abs=1e-9) and damage[1] == pytest.approx(0.0, abs=1e-6)
+    assert carry[0] == pytest.approx(-1.5, abs=1e-9)
+
+
+def test_the_page_quotes_the_damage_rows_summarize_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert main(["summarize", str(root / "docs" / "results" / "hydra_epochs5")]) == 0
+    page = (root / "docs" / "results" / "hydra_epochs5.md").read_text()
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out[len(_before_damage(out)):] if line.startswith("| ntd-")]
+    assert rows and all(line in page for line in rows), [line for line in rows if line not in page]

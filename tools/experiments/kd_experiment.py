@@ -32,11 +32,14 @@ directory holds run directories (``<run>/rounds.jsonl``) or kept round files (``
 has all six runs of FedAvg, the KD arm and HYDRA-FL with and without an attack, it also prints HYDRA-FL's T1
 directions in points: amplification (the KD arm's drop minus FedAvg's; the paper's is positive), recovery (HYDRA-FL
 minus the KD arm under attack; positive) and clean cost (HYDRA-FL minus the KD arm without attack; about zero).
+For every attacked run it prints the attack's damage per attacker in its round and its carry-over into the next
+round (:func:`attack_damage`).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
@@ -198,7 +201,7 @@ def summarize(args: argparse.Namespace) -> int:
                 cited = f"{paper[0]:.2f} -> {paper[1]:.2f}" if paper else "-"
                 arm = f"{attacked.removesuffix('-' + seed)} ({seed})"
                 drops.append(f"| {arm} | {fmt(acc)} | {fmt(acc2)} | {fmt(acc - acc2)} | {cited} |")
-    text = "\n".join(lines + drops + directions(accs)) + "\n"
+    text = "\n".join(lines + drops + directions(accs) + damage_table(root, args.only)) + "\n"
     print(text)
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
@@ -249,6 +252,50 @@ def directions(accs: dict[str, float]) -> list[str]:
                        f"{(k0 - k1) - (b0 - b1):+.1f} | {h1 - k1:+.1f} | {h0 - k0:+.1f} | "
                        f"{_paper_directions(kind)} |")
     return out if found else []
+
+
+def attack_damage(rows: list[dict[str, object]]) -> tuple[int, tuple[float, float], tuple[float, float]]:
+    """How much each attacker costs the global model, from an attacked run's rounds in the second half of the run
+    (after the climb of the first rounds): (rounds used, damage, carry-over), each as (points of central accuracy
+    lost per attacker, standard error). One least-squares fit of a round's change in central accuracy on the number
+    of attackers selected in that round and in the round before: damage is minus the first slope, carry-over minus
+    the second. Damage that the following round amplifies (HYDRA-FL's account: benign clients distil from a
+    poisoned global model) shows as a positive carry-over; a model that heals in the next round shows a negative
+    one. The attackers per round are drawn by the selection seed, so every arm of a seed meets the same ones. NaN
+    where the fit is not determined (fewer than 4 rounds, or counts that do not vary)."""
+    import numpy as np
+
+    acc = [100 * float(str(r.get("central_accuracy", "nan"))) for r in rows]
+    att = [float(str(r.get("attackers", 0))) for r in rows]
+    used = [i for i in range(max(1, len(rows) // 2), len(rows)) if not (math.isnan(acc[i]) or math.isnan(acc[i - 1]))]
+    nan = (float("nan"), float("nan"))
+    x = np.array([[1.0, att[i], att[i - 1]] for i in used]).reshape(-1, 3)
+    y = np.array([acc[i] - acc[i - 1] for i in used])
+    if len(used) < 4 or np.linalg.matrix_rank(x) < 3:
+        return len(used), nan, nan
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    residual = y - x @ coef
+    cov = float(residual @ residual) / (len(used) - 3) * np.linalg.inv(x.T @ x)
+    return (len(used), (-float(coef[1]), math.sqrt(float(cov[1, 1]))),
+            (-float(coef[2]), math.sqrt(float(cov[2, 2]))))
+
+
+def damage_table(root: Path, only: list[str] | None = None) -> list[str]:
+    """:func:`attack_damage` for every attacked run with rounds under ``root``; empty when there is none."""
+    out = ["", "| attacked run | rounds used | attackers/round | damage (points per attacker) | "
+               "carry-over (points per attacker) |", "| --- | --- | --- | --- | --- |"]
+    for name, source, _ in _runs(root, only):
+        rows = [r for r in read_rows(source) if r.get("outcome")]
+        if "-none-" in name or not any(float(r.get("attackers", 0)) for r in rows):
+            continue
+        used, damage, carry = attack_damage(rows)
+        att = finite_mean([float(r.get("attackers", 0)) for r in rows[max(1, len(rows) // 2):]])
+        out.append(f"| {name} | {used} | {fmt(att, 2)} | {_pm(damage)} | {_pm(carry)} |")
+    return out if len(out) > 3 else []
+
+
+def _pm(v: tuple[float, float]) -> str:
+    return "-" if math.isnan(v[0]) else f"{v[0]:+.2f} ± {v[1]:.2f}"
 
 
 def _plot(root: Path, out: Path, only: list[str] | None = None) -> None:
